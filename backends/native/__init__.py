@@ -1,0 +1,1 @@
+"""The ``native`` backend: pure PyTorch training, HF ``generate`` rollout, in-memory buffer."""

@@ -1,0 +1,78 @@
+"""Rollout with Hugging Face ``generate`` (KV cache) in the trainer's process."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from unirl.batch import RolloutBatch
+from unirl.protocols import BuildContext, SamplingParams
+
+
+class HFGenerateRollout:
+    """Samples with the trainer's own module when it is in-process (no weight copy needed),
+    otherwise with its own copy loaded from ``model.path`` and refreshed by ``update_weights``."""
+
+    def __init__(self, config: Any, ctx: BuildContext) -> None:
+        self.config = config
+        self.tokenizer = ctx.tokenizer
+        shared = ctx.trainer.policy_module() if ctx.trainer is not None else None
+        if shared is not None:
+            self.model, self._shared = shared, True
+        else:
+            from unirl.models.loading import load_causal_lm
+
+            self.model, self._shared = load_causal_lm(ctx.model_path, ctx.recipe.model.dtype), False
+        self._next_group = 0
+
+    def default_params(self, n: int) -> SamplingParams:
+        c = self.config
+        return SamplingParams(n=n, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
+                              top_k=c.top_k)
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
+        tok = self.tokenizer
+        enc = tok(list(prompts), return_tensors="pt", padding=True, padding_side="left")
+        prompt_ids = enc.input_ids.repeat_interleave(params.n, dim=0)
+        prompt_mask = enc.attention_mask.repeat_interleave(params.n, dim=0)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(
+                input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=True, use_cache=True,
+                max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+                top_k=params.top_k, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+            )
+        finally:
+            self.model.train(was_training)
+        p_len = prompt_ids.shape[1]
+        response = out[:, p_len:]
+        # Response tokens up to and including the first EOS are real; generate pads after it.
+        is_eos = response == tok.eos_token_id
+        after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
+        resp_mask = (~after_eos).long()
+        completions = tok.batch_decode(response.masked_fill(after_eos, tok.pad_token_id), skip_special_tokens=True)
+        n_groups = len(prompts)
+        groups = torch.arange(self._next_group, self._next_group + n_groups).repeat_interleave(params.n)
+        self._next_group += n_groups
+        attention = torch.cat([prompt_mask, resp_mask], dim=1)
+        return RolloutBatch(
+            input_ids=out, attention_mask=attention,
+            response_mask=torch.cat([torch.zeros_like(prompt_mask), resp_mask], dim=1),
+            group_index=groups, prompt_len=p_len,
+            prompts=[p for p in prompts for _ in range(params.n)], completions=completions,
+        )
+
+    def update_weights(self, trainer: Any) -> None:
+        if self._shared:
+            return  # same module object: already current
+        self.model.load_state_dict(trainer.policy_module().state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_group": self._next_group}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._next_group = int(state["next_group"])

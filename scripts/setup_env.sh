@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create .venv (Python 3.11) and install the pinned dependencies and unirl, idempotently:
+# a second call with an unchanged lock file and pyproject only checks and returns.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${UNIRL_VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+if ! "$python" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)'; then
+  echo "unirl needs Python 3.11; $python is $("$python" --version 2>&1). Set PYTHON=/path/to/python3.11." >&2
+  exit 2
+fi
+stamp_src="$(cat "$root/requirements/lock.txt" "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+stamp="$venv/.unirl-installed"
+if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_src" ]; then
+  exit 0
+fi
+echo "setting up $venv (pinned dependencies from requirements/lock.txt) ..." >&2
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements/lock.txt"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e "$root"
+echo "$stamp_src" > "$stamp"
+echo "environment ready: $venv" >&2

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test suite. Extra arguments go to pytest, e.g. `scripts/test.sh -k schema`.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$root/scripts/setup_env.sh"
+cd "$root"
+exec "$root/.venv/bin/python" -m pytest "$@"

@@ -1,0 +1,184 @@
+"""End-to-end runs of the demo recipe, shortened to seconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from unirl import hookimpl
+from unirl import metrics as M
+from unirl.cli import main
+from unirl.plugin_manager import get_plugin_host
+from tests.conftest import DEMO, read_rows, run_cli
+
+
+def _run(overrides: list[str]) -> int:
+    return main(["run", str(DEMO), *overrides])
+
+
+def test_short_run_writes_the_run_directory(short_overrides, tmp_path):
+    assert _run(short_overrides) == 0
+    run_dir = tmp_path / "run"
+    rows = read_rows(run_dir)
+    assert [(r["stage"], r["step"]) for r in rows] == [("sft_warmup", i) for i in range(1, 5)] + \
+        [("grpo", i) for i in range(1, 7)]
+    assert [r["global_step"] for r in rows] == list(range(1, 11))
+    for row in rows:
+        for key in M.REQUIRED[row["stage_type"]]:
+            assert isinstance(row[key], float), (key, row)
+        assert row[M.MEMORY_PEAK] > 0
+    for row in rows[4:]:
+        assert 0.0 <= row[M.REWARD_MEAN] <= 1.0 and row[M.KL_MEAN] >= 0.0
+        assert row[M.TOKENS_GENERATED] > 0 and row[M.TIME_GENERATE] > 0
+    assert rows[4][M.KL_MEAN] == pytest.approx(0.0, abs=1e-7)  # first GRPO step: policy == reference
+    assert rows[0][M.LOSS_SFT] > rows[3][M.LOSS_SFT]
+    saved = (run_dir / "config.yaml").read_text()
+    assert "micro_batch_size: 8" in saved and "max_operand: 9" in saved and "capacity: 100000" in saved
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "completed"
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert ckpts == ["step-00000009", "step-00000010"]  # keep=2 newest (3, 4=end of SFT, 6, 9, 10=end)
+
+
+def test_exported_model_loads_and_generates(short_overrides, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert _run(short_overrides) == 0
+    export = tmp_path / "run" / "model"
+    assert (export / "model.safetensors").exists() and not list(export.glob("*.bin"))
+    model = AutoModelForCausalLM.from_pretrained(export)
+    tok = AutoTokenizer.from_pretrained(export)
+    enc = tok(["3+4="], return_tensors="pt")
+    out = model.generate(**enc, max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert out.shape[1] > enc.input_ids.shape[1]
+    base = load_file(str(tmp_path / "run" / "base_model" / "model.safetensors")) if (
+        tmp_path / "run" / "base_model").exists() else None
+    trained = load_file(str(export / "model.safetensors"))
+    original = load_file(str(Path(short_overrides[0].split("=", 1)[1]) / "model.safetensors"))
+    assert base is None  # model.path was given: nothing built in the run dir
+    assert not torch.equal(trained["model.embed_tokens.weight"], original["model.embed_tokens.weight"])
+
+
+def test_same_seed_same_metrics(short_overrides, tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        assert _run([*short_overrides, f"run.dir={tmp_path / name}"]) == 0
+        runs.append([M.deterministic_view(r) for r in read_rows(tmp_path / name)])
+    assert runs[0] == runs[1]
+    assert _run([*short_overrides, f"run.dir={tmp_path / 'c'}", "seed=1"]) == 0
+    assert [M.deterministic_view(r) for r in read_rows(tmp_path / "c")] != runs[0]
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "model" / "model.safetensors"))
+
+
+@pytest.mark.parametrize("stop_after", [4, 5])  # 4: at the SFT->GRPO boundary; 5: inside GRPO, off-checkpoint
+def test_stop_and_resume_matches_uninterrupted(short_overrides, tmp_path, stop_after):
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert _run([*short_overrides, f"run.dir={full}"]) == 0
+    assert _run([*short_overrides, f"run.dir={part}", f"run.stop_after={stop_after}"]) == 0
+    assert json.loads((part / "run.json").read_text())["status"] == "stopped"
+    assert len(read_rows(part)) == stop_after and not (part / "model").exists()
+    assert _run([*short_overrides, f"run.dir={part}", "resume=auto"]) == 0
+    a, b = _weights(full), _weights(part)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [M.deterministic_view(r) for r in read_rows(full)] == [M.deterministic_view(r) for r in read_rows(part)]
+
+
+def test_resume_after_checkpoint_drops_rows_past_it(short_overrides, tmp_path):
+    """Rows written after the newest checkpoint (a crash) are dropped and re-run, not duplicated."""
+    run_dir = tmp_path / "run"
+    assert _run([*short_overrides, "run.stop_after=8"]) == 0  # checkpoints at 3, 4, 6 and the stop at 8
+    import shutil
+
+    shutil.rmtree(run_dir / "checkpoints" / "step-00000008")  # as if killed between step 6 and 8
+    assert _run([*short_overrides, "resume=auto"]) == 0
+    assert [r["global_step"] for r in read_rows(run_dir)] == list(range(1, 11))
+
+
+def test_existing_run_dir_is_not_overwritten_silently(short_overrides, tmp_path, capsys):
+    assert _run(short_overrides) == 0
+    capsys.readouterr()
+    assert _run(short_overrides) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "already holds a run" in err and "resume=auto" in err and "run.overwrite=true" in err
+    assert _run([*short_overrides, "run.overwrite=true", "stages.1.steps=2"]) == 0
+    assert len(read_rows(tmp_path / "run")) == 6
+
+
+def test_resume_with_a_changed_recipe_is_refused(short_overrides, capsys):
+    assert _run([*short_overrides, "run.stop_after=3"]) == 0
+    capsys.readouterr()
+    assert _run([*short_overrides, "resume=auto", "trainer.lr=0.5"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "trainer.lr=0.5 differs from the run being resumed" in err
+
+
+class StepRecorder:
+    def __init__(self):
+        self.events = []
+
+    @hookimpl
+    def unirl_step_end(self, stage, step, metrics):
+        self.events.append((stage, step, metrics["global_step"]))
+
+    @hookimpl
+    def unirl_run_end(self, run_dir, status):
+        self.events.append(("end", status))
+
+
+def test_run_hooks_see_every_step(short_overrides):
+    host = get_plugin_host()
+    rec = StepRecorder()
+    host.register_plugin(rec, "recorder")
+    try:
+        assert _run([*short_overrides, "stages.1.steps=2"]) == 0
+    finally:
+        host.unregister_plugin("recorder")
+    assert rec.events == [("sft_warmup", i, i) for i in range(1, 5)] + [("grpo", 1, 5), ("grpo", 2, 6),
+                                                                        ("end", "completed")]
+
+
+class ExplodingReward:
+    @hookimpl
+    def unirl_register_rewards(self, register):
+        def make(config, ctx):
+            def reward(prompts, completions, **kw):
+                raise ValueError("reward server unreachable")
+            return reward
+        register("exploding", make)
+
+
+def test_failing_reward_fails_the_run_with_exit_1(short_overrides, tmp_path, capsys):
+    host = get_plugin_host()
+    host.register_plugin(ExplodingReward(), "exploding")
+    try:
+        assert _run([*short_overrides, "reward.name=exploding"]) == 1
+    finally:
+        host.unregister_plugin("exploding")
+    err = " ".join(capsys.readouterr().err.split())
+    assert "run failed at stage 'grpo' step 1: ValueError: reward server unreachable" in err
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"
+    assert len(read_rows(tmp_path / "run")) == 4  # the SFT rows survive
+    assert (tmp_path / "run" / "checkpoints" / "step-00000004").is_dir()
+
+
+def test_micro_batching_does_not_change_the_update(short_overrides, tmp_path):
+    """Gradient accumulation uses the step-global normaliser: 1 x 16 and 8 x 2 give one update."""
+    common = [*short_overrides, "stages.0.steps=2", "stages.1.steps=2"]
+    assert _run([*common, f"run.dir={tmp_path / 'big'}", "trainer.micro_batch_size=16"]) == 0
+    assert _run([*common, f"run.dir={tmp_path / 'small'}", "trainer.micro_batch_size=2"]) == 0
+    a, b = _weights(tmp_path / "big"), _weights(tmp_path / "small")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+
+
+def test_real_process_run_prints_progress(short_overrides):
+    proc = run_cli("run", str(DEMO), *short_overrides, "stages.1.steps=2")
+    assert proc.returncode == 0, proc.stderr
+    assert "[sft_warmup] step 1/4" in proc.stdout and "[grpo] step 2/2 reward=" in proc.stdout
+    assert "model exported to" in proc.stdout

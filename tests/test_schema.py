@@ -1,0 +1,173 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from unirl import hookimpl
+from unirl.capabilities import Capabilities
+from unirl.cli import main
+from unirl.config import load_recipe
+from unirl.errors import CapabilityError, ConfigError, UnknownBackendError
+from unirl.plugin_manager import new_plugin_host
+from tests.conftest import DEMO, run_cli
+
+
+def test_demo_recipe_loads_with_defaults_and_overrides():
+    cfg = load_recipe(DEMO, ["trainer.lr=1e-4", "stages.1.steps=7", "task.max_operand=5", "seed=3",
+                             "rollout.temperature=0.7", "run.dir=/tmp/x"])
+    assert cfg.trainer.lr == pytest.approx(1e-4) and isinstance(cfg.trainer.lr, float)
+    assert cfg.stages[1].steps == 7 and cfg.stages[0].steps == 60
+    assert cfg.task == {"name": "arithmetic", "min_operand": 0, "max_operand": 5, "ops": "+"}
+    assert cfg.rollout.temperature == 0.7 and cfg.rollout.max_new_tokens == 4
+    assert cfg.buffer == {"name": "memory", "capacity": 100_000}
+    assert cfg.seed == 3 and cfg.run.dir == "/tmp/x" and cfg.backend == "native"
+    assert OmegaConf.is_readonly(cfg)
+    with pytest.raises(Exception):
+        cfg.trainer.lr = 1.0
+
+
+def test_null_override_and_optional_fields():
+    cfg = load_recipe(DEMO, ["trainer.grad_clip=null", "stages.1.lr=null"])
+    assert cfg.trainer.grad_clip is None and cfg.stages[1].lr is None
+
+
+def _err(overrides, path=DEMO):
+    with pytest.raises(ConfigError) as info:
+        load_recipe(path, overrides)
+    return info.value, " ".join(str(info.value).split())
+
+
+def test_unknown_key_suggests_the_close_one():
+    err, msg = _err(["trainer.lrr=1e-3"])
+    assert err.key == "trainer.lrr"
+    assert "unknown key 'trainer.lrr'" in msg and "Did you mean 'lr'?" in msg
+    assert "Keys allowed at trainer:" in msg and "micro_batch_size" in msg
+
+
+def test_unknown_top_level_key_suggests_backend():
+    _, msg = _err(["backnd=native"])
+    assert "unknown key 'backnd'" in msg and "Did you mean 'backend'?" in msg
+
+
+def test_unknown_key_in_recipe_file_names_the_file(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algorithm:\n  kl_coeff: 0.1\nstages: [{name: a, type: sft, steps: 1}]\n")
+    _, msg = _err([], bad)
+    assert "unknown key 'algorithm.kl_coeff'" in msg and str(bad) in msg and "Did you mean 'kl_coef'?" in msg
+
+
+def test_unknown_component_option_checked_against_plugin_class():
+    err, msg = _err(["task.max_opernd=5"])
+    assert err.key == "task.max_opernd" and "Did you mean 'max_operand'?" in msg
+    err, msg = _err(["rollout.max_new_tokens=abc"])
+    assert err.key == "rollout.max_new_tokens" and "expected int" in msg
+
+
+def test_wrong_type_names_key_value_and_type():
+    err, msg = _err(["trainer.lr=abc"])
+    assert err.key == "trainer.lr" and err.value == "abc"
+    assert "trainer.lr='abc'" in msg and "expected float" in msg and "trainer.lr=0.001" in msg
+
+
+def test_out_of_range_and_enumerations():
+    _, msg = _err(["algorithm.group_size=1"])
+    assert "algorithm.group_size=1 is out of range: it must be >= 2" in msg
+    _, msg = _err(["algorithm.kl_estimator=k4"])
+    assert "algorithm.kl_estimator='k4'" in msg and "Allowed values: k1, k2, k3" in msg
+    _, msg = _err(["stages.0.type=sfft"])
+    assert "stages.0.type='sfft'" in msg and "Did you mean 'sft'?" in msg
+    _, msg = _err(["task.min_operand=20"])
+    assert "min_operand=20 is larger than max_operand=9" in msg
+    _, msg = _err(["trainer.lr=-1"])
+    assert "trainer.lr=-1" in msg and "> 0" in msg
+
+
+def test_unknown_backend_lists_installed_ones():
+    with pytest.raises(UnknownBackendError) as info:
+        load_recipe(DEMO, ["backend=nativ"])
+    msg = str(info.value)
+    assert "backend='nativ'" in msg and "Installed backends: native" in msg and "Did you mean 'native'?" in msg
+
+
+def test_unknown_component_name_lists_installed():
+    _, msg = _err(["reward.name=exact"])
+    assert "reward.name='exact'" in msg and "Installed rewards: arithmetic" in msg
+
+
+def test_missing_recipe_file():
+    err, msg = _err([], "configs/grpo_tiny.yml")
+    assert err.key == "recipe" and "'configs/grpo_tiny.yml' does not exist" in msg
+    assert "Did you mean 'configs/grpo_tiny.yaml'?" in msg
+
+
+def test_model_path_that_does_not_exist(tmp_path: Path):
+    err, msg = _err([f"model.path={tmp_path}/no/such/model"])
+    assert err.key == "model.path" and "does not exist" in msg and "model.path=null" in msg
+    (tmp_path / "empty").mkdir()
+    _, msg = _err([f"model.path={tmp_path}/empty"])
+    assert "no config.json" in msg
+
+
+def test_hub_id_is_accepted_without_a_local_folder():
+    assert load_recipe(DEMO, ["model.path=Qwen/Qwen2.5-0.5B"]).model.path == "Qwen/Qwen2.5-0.5B"
+
+
+def test_malformed_override():
+    _, msg = _err(["trainer.lr"])
+    assert "not of the form key=value" in msg
+
+
+def test_stage_needs_name_type_steps(tmp_path: Path):
+    bad = tmp_path / "r.yaml"
+    bad.write_text("stages: [{name: a, type: sft}]\n")
+    err, msg = _err([], bad)
+    assert err.key == "stages.0.steps" and "required" in msg
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["trainer.lrr=1e-3"], ["trainer.lrr", "Did you mean 'lr'?"]),
+    (["trainer.lr=abc"], ["trainer.lr='abc'", "expected float"]),
+    (["backend=nope"], ["backend='nope'", "Installed backends: native"]),
+    (["model.path=/definitely/not/here"], ["model.path='/definitely/not/here'", "does not exist"]),
+])
+def test_cli_bad_input_exits_2_with_one_paragraph(args, needles, capsys):
+    assert main(["run", str(DEMO), *args]) == 2
+    err = capsys.readouterr().err
+    flat = " ".join(err.split())
+    assert flat.startswith("unirl: error:")
+    for needle in needles:
+        assert needle in flat
+    assert "\n\n" not in err.strip() and "Traceback" not in err
+
+
+def test_cli_missing_recipe_exits_2_in_a_real_process():
+    proc = run_cli("run", "configs/missing.yaml")
+    assert proc.returncode == 2
+    assert "recipe file 'configs/missing.yaml' does not exist" in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_usage_error_exits_2(capsys):
+    assert main(["frobnicate"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+class SftOnlyBackend:
+    @hookimpl
+    def unirl_register_backends(self, register):
+        register("sft_only", "nowhere_xyz:Backend", capabilities=Capabilities(stages=frozenset({"sft"})))
+
+
+def test_capability_error_names_knob_and_backends_that_support_it():
+    host = new_plugin_host()
+    host.register_plugin(SftOnlyBackend(), "sft-only")
+    with pytest.raises(CapabilityError) as info:
+        load_recipe(DEMO, ["backend=sft_only"], host=host)
+    msg = str(info.value)
+    assert "stages.type='grpo' is not supported by backend 'sft_only'" in msg
+    assert "Backends that support it: native" in msg
+    # An SFT-only recipe is accepted (and nothing was imported from the fake factory path).
+    cfg = load_recipe(DEMO, ["backend=sft_only", "stages=[{name: s, type: sft, steps: 1}]"], host=host)
+    assert [s.type for s in cfg.stages] == ["sft"]

@@ -1,0 +1,5 @@
+import sys
+
+from unirl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,100 @@
+"""The batches that flow between rollout, reward, buffer and trainer.
+
+Shapes: ``B`` sequences, ``T`` tokens (prompt and response, left-padded prompts so that
+every response starts at column ``prompt_len``). Masks are 0/1 float tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    input_ids: torch.Tensor  # [B, T] long: left-padded prompt + right-padded response
+    attention_mask: torch.Tensor  # [B, T] 1 on real tokens
+    response_mask: torch.Tensor  # [B, T] 1 on response tokens that are trained on (incl. EOS)
+    group_index: torch.Tensor  # [B] long: sequences with the same index answer the same prompt
+    prompt_len: int = 0  # column where every response starts
+    prompts: list[str] = field(default_factory=list)  # [B] prompt text, repeated per sample
+    completions: list[str] = field(default_factory=list)  # [B] decoded response text
+    extras: dict[str, list[Any]] = field(default_factory=dict)  # [B] task fields (answer, ...)
+    rewards: torch.Tensor | None = None  # [B] float scalar reward per sequence
+    advantages: torch.Tensor | None = None  # [B] float (outcome advantage, broadcast over tokens)
+    ref_logprobs: torch.Tensor | None = None  # [B, T-1] log p_ref(x_t | x_<t), aligned to targets
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, index: slice | torch.Tensor) -> RolloutBatch:
+        """Rows ``index`` of every per-sequence field."""
+        idx = list(range(len(self)))[index] if isinstance(index, slice) else index.tolist()
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None or isinstance(value, int):
+                out[f.name] = value
+            elif isinstance(value, torch.Tensor):
+                out[f.name] = value[idx]
+            elif isinstance(value, dict):
+                out[f.name] = {k: [v[i] for i in idx] for k, v in value.items()}
+            else:
+                out[f.name] = [value[i] for i in idx]
+        return RolloutBatch(**out)
+
+    @property
+    def response_len(self) -> int:
+        return int(self.input_ids.shape[1]) - self.prompt_len
+
+    @staticmethod
+    def concat(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+        """Stack batches, re-padding prompts on the left and responses on the right.
+
+        Group indices are kept as they are: producers number groups uniquely per run.
+        """
+        if len(batches) == 1:
+            return batches[0]
+        p_max = max(b.prompt_len for b in batches)
+        r_max = max(b.response_len for b in batches)
+
+        def pad(t: torch.Tensor, b: RolloutBatch, value: float) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (p_max - b.prompt_len, r_max - b.response_len), value=value)
+
+        def cat_opt(name: str) -> torch.Tensor | None:
+            vals = [getattr(b, name) for b in batches]
+            return None if any(v is None for v in vals) else torch.cat(vals)
+
+        ref = None
+        if all(b.ref_logprobs is not None for b in batches):
+            ref = torch.cat([torch.nn.functional.pad(b.ref_logprobs, (p_max - b.prompt_len, r_max - b.response_len))
+                             for b in batches])
+        extras_keys = batches[0].extras.keys()
+        return RolloutBatch(
+            input_ids=torch.cat([pad(b.input_ids, b, pad_id) for b in batches]),
+            attention_mask=torch.cat([pad(b.attention_mask, b, 0) for b in batches]),
+            response_mask=torch.cat([pad(b.response_mask, b, 0) for b in batches]),
+            group_index=torch.cat([b.group_index for b in batches]),
+            prompt_len=p_max,
+            prompts=[p for b in batches for p in b.prompts],
+            completions=[c for b in batches for c in b.completions],
+            extras={k: [v for b in batches for v in b.extras[k]] for k in extras_keys},
+            rewards=cat_opt("rewards"),
+            advantages=cat_opt("advantages"),
+            ref_logprobs=ref,
+        )
+
+    def to_state(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class SFTBatch:
+    input_ids: torch.Tensor  # [B, T] right-padded prompt + completion + EOS
+    attention_mask: torch.Tensor  # [B, T]
+    loss_mask: torch.Tensor  # [B, T] 1 on completion tokens (the targets that are trained)
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])

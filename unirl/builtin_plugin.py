@@ -1,0 +1,18 @@
+"""Built-in task and reward, registered through the entry point ``builtin`` like any plugin."""
+
+from __future__ import annotations
+
+from unirl import hookimpl
+from unirl.tasks.arithmetic import ArithmeticRewardConfig, ArithmeticTaskConfig
+
+
+@hookimpl
+def unirl_register_tasks(register):
+    register("arithmetic", "unirl.tasks.arithmetic:ArithmeticTask", config_class=ArithmeticTaskConfig,
+             description="small-number arithmetic prompts (a+b=) with integer answers")
+
+
+@hookimpl
+def unirl_register_rewards(register):
+    register("arithmetic", "unirl.tasks.arithmetic:ArithmeticReward", config_class=ArithmeticRewardConfig,
+             description="rule-based reward in [0, 1]: exact integer answer")

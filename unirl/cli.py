@@ -1,0 +1,118 @@
+"""``unirl`` command line. Exit codes: 0 success, 2 usage/config error, 1 run failure."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from collections.abc import Sequence
+
+from unirl import __version__
+from unirl.errors import UnirlError, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own usage errors: exit 2 with our format
+        raise UsageError(f"{message}. See `{self.prog} --help`.")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from unirl.config import load_recipe
+    from unirl.engine.driver import Driver
+    from unirl.plugin_manager import get_plugin_host
+    from unirl.progress import make_console
+
+    host = get_plugin_host()
+    recipe = load_recipe(args.recipe, args.overrides, host=host)
+    console = make_console()
+    model = recipe.model.path or "tiny Qwen2 (built locally)"
+    console.print(f"unirl {__version__}: backend={recipe.backend} model={model} run.dir={recipe.run.dir}",
+                  highlight=False)
+    result = Driver(recipe, host, console).run()
+    if result["status"] == "completed":
+        console.print(f"done: {result['global_step']} steps in {result['wall_s']:.1f}s; model exported to "
+                      f"{result['run_dir']}/model", highlight=False)
+    else:
+        console.print(f"stopped after global step {result['global_step']} (run.stop_after); continue with "
+                      f"resume=auto", highlight=False)
+    return 0
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    from unirl.plugin_manager import get_plugin_host
+
+    host = get_plugin_host()
+    registry = host.registry
+    rows = []
+    for info in host.plugins.values():
+        regs = registry.by_plugin(info.name)
+        rows.append({"name": info.name, "distribution": info.distribution, "version": info.version,
+                     "module": info.module,
+                     "registers": [{"kind": r.kind, "name": r.name, "description": r.description} for r in regs]})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="unirl plugins (entry-point group 'unirl')")
+    for col in ("plugin", "distribution", "module", "registers"):
+        table.add_column(col)
+    for row in rows:
+        registers = "\n".join(f"{r['kind']}: {r['name']}" for r in row["registers"]) or "(hooks only)"
+        table.add_row(row["name"], f"{row['distribution']} {row['version']}".strip(), row["module"], registers)
+    Console(soft_wrap=True).print(table)
+    return 0
+
+
+def _cmd_tiny_model(args: argparse.Namespace) -> int:
+    from unirl.models.tiny import build_tiny_model
+
+    path = build_tiny_model(args.out, seed=args.seed)
+    print(f"tiny Qwen2 model (seed {args.seed}) written to {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="unirl", description="One RL post-training recipe, any framework.")
+    parser.add_argument("--version", action="version", version=f"unirl {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="run a recipe", description="Run RECIPE (YAML) with key=value overrides, e.g. "
+                         "`unirl run configs/grpo_tiny.yaml backend=native trainer.lr=1e-3`.")
+    run.add_argument("recipe")
+    run.add_argument("overrides", nargs="*", metavar="key=value")
+    run.set_defaults(func=_cmd_run)
+    plugins = sub.add_parser("plugins", help="list installed plugins and what they register")
+    plugins.add_argument("--json", action="store_true", help="machine-readable output")
+    plugins.set_defaults(func=_cmd_plugins)
+    tiny = sub.add_parser("tiny-model", help="write the tiny random-init Qwen2 model and tokenizer to OUT")
+    tiny.add_argument("out")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=_cmd_tiny_model)
+    return parser
+
+
+def _print_error(kind: str, exc: BaseException) -> None:
+    text = " ".join(str(exc).split())
+    print(textwrap.fill(f"unirl: {kind}: {text}", width=100, break_long_words=False, break_on_hyphens=False),
+          file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except UsageError as exc:
+        _print_error("error", exc)
+        return 2
+    except UnirlError as exc:
+        _print_error("run failed", exc)
+        return 1
+    except KeyboardInterrupt:
+        print("unirl: interrupted; completed checkpoints are kept (continue with resume=auto)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

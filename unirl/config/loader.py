@@ -1,0 +1,320 @@
+"""Load a recipe: YAML file + ``key=value`` overrides -> validated, read-only DictConfig.
+
+Everything here runs before any model is built or any framework is imported: plugins are
+loaded (cheap by contract), component options are checked against the dataclass their
+plugin registered, and the backend's declared capabilities are checked against the recipe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import errors as oc_errors
+
+from unirl.capabilities import Support, recipe_knob_values
+from unirl.config import choices
+from unirl.config.schema import COMPONENT_SECTIONS, RecipeConfig
+from unirl.errors import CapabilityError, ConfigError, did_you_mean
+
+
+def load_recipe(path: str | os.PathLike[str] | None, overrides: Sequence[str] = (), *, host: Any = None) -> DictConfig:
+    """Return the validated recipe for ``path`` with ``overrides`` (``["trainer.lr=1e-4", ...]``)."""
+    from unirl.plugin_manager import get_plugin_host
+
+    host = host or get_plugin_host()
+    cfg = OmegaConf.structured(RecipeConfig)
+    OmegaConf.set_struct(cfg, True)
+    for section in (*COMPONENT_SECTIONS, "backend_options"):
+        OmegaConf.set_struct(cfg[section], False)  # options are checked against the plugin's class below
+    if path is not None:
+        _merge_checked(cfg, _read_yaml(Path(path)), source=str(path))
+    for item in overrides:
+        key, value = _parse_override(item)
+        _update_checked(cfg, key, value)
+    _check_missing(cfg)
+    _check_values(cfg)
+    registry = host.registry
+    backend_reg = registry.get("backend", cfg.backend)
+    with _unlocked(cfg):
+        for section, kind in COMPONENT_SECTIONS.items():
+            cfg[section] = _validate_component(cfg, section, kind, registry)
+        cfg.backend_options = _validate_options(
+            OmegaConf.to_container(cfg.backend_options), backend_reg.config_class, "backend_options"
+        )
+    _check_capabilities(cfg, backend_reg, registry)
+    _check_model_path(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _read_yaml(path: Path) -> Any:
+    if not path.is_file():
+        hint = ""
+        if path.parent.is_dir():
+            near = did_you_mean(path.name, [p.name for p in path.parent.glob("*.yaml")])
+            hint = near.replace("Did you mean '", f"Did you mean '{path.parent}/") if near else ""
+        raise ConfigError(
+            f"recipe file {str(path)!r} does not exist.{hint} Pass the path of a YAML recipe, "
+            f"e.g. `unirl run configs/grpo_tiny.yaml`.", key="recipe", value=str(path),
+        )
+    try:
+        data = OmegaConf.load(path)
+    except Exception as exc:  # noqa: BLE001 - YAML parser errors
+        raise ConfigError(f"recipe file {str(path)!r} is not valid YAML: {exc}", key="recipe", value=str(path)) from exc
+    if not isinstance(data, DictConfig):
+        raise ConfigError(f"recipe file {str(path)!r} must hold a mapping of keys at the top level, "
+                          f"got {type(data).__name__}.", key="recipe", value=str(path))
+    return data
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item or item.startswith("="):
+        raise ConfigError(
+            f"override {item!r} is not of the form key=value (for example trainer.lr=1e-4).", key=item, value=item
+        )
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    # OmegaConf's own YAML reading, so 1e-3 is a float and null is None, as in a recipe file.
+    return key, OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))["v"]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _allowed_keys(cfg: Any, full_key: str) -> list[str]:
+    parent_key = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+    node = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    if isinstance(node, DictConfig):
+        return [str(k) for k in node.keys()]
+    return []
+
+
+def _translate(exc: Exception, cfg: Any, key: str, value: Any, source: str, prefix: str = "") -> ConfigError:
+    """An OmegaConf error as a one-paragraph ConfigError; ``prefix`` is the section path of ``cfg``."""
+    where = f" (in {source})" if source else ""
+    shown = f"{prefix}{key}"
+    if isinstance(exc, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)):
+        allowed = _allowed_keys(cfg, key)
+        leaf = shown.rsplit(".", 1)[-1]
+        parent = shown.rsplit(".", 1)[0] if "." in shown else "the top level"
+        return ConfigError(
+            f"unknown key {shown!r}{where}.{did_you_mean(leaf, allowed)} "
+            f"Keys allowed at {parent}: {', '.join(sorted(allowed)) or '(none)'}.", key=shown, value=value,
+        )
+    if isinstance(exc, oc_errors.ValidationError):
+        expected = _expected_type(cfg, key)
+        return ConfigError(
+            f"{shown}={value!r}{where} has the wrong type: expected {expected}. Write e.g. "
+            f"{shown}={_example(expected)}.", key=shown, value=value,
+        )
+    return ConfigError(f"{shown}={value!r}{where}: {exc}", key=shown, value=value)
+
+
+def _expected_type(cfg: Any, key: str) -> str:
+    try:
+        node = cfg._get_node(key) if "." not in key else OmegaConf.select(cfg, key.rsplit(".", 1)[0])._get_node(
+            key.rsplit(".", 1)[1])
+        ref = node._metadata.ref_type
+        name = getattr(ref, "__name__", str(ref))
+        return f"{name} or null" if node._metadata.optional and name != "Any" else name
+    except Exception:  # noqa: BLE001 - best effort for the message only
+        return "a value of the declared type"
+
+
+def _example(expected: str) -> str:
+    return {"float": "0.001", "int": "8", "bool": "true", "str": "name"}.get(expected.split()[0], "VALUE")
+
+
+def _merge_checked(cfg: Any, data: Any, source: str) -> None:
+    flat = _flatten(OmegaConf.to_container(data))
+    try:
+        cfg.merge_with(data)
+    except (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError, oc_errors.ValidationError) as exc:
+        key = getattr(exc, "full_key", None) or ""
+        raise _translate(exc, cfg, key, flat.get(key, getattr(exc, "value", None)), source) from None
+
+
+def _check_list_indices(cfg: Any, key: str, value: Any) -> None:
+    node, walked = cfg, []
+    for part in key.split("."):
+        if isinstance(node, ListConfig):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(
+                    f"{key}={value!r}: {'.'.join(walked)} has {len(node)} entries (indices 0 to {len(node) - 1}); "
+                    f"{part!r} is not one of them.", key=key, value=value)
+        elif not isinstance(node, DictConfig) or part not in node:
+            return
+        node = node[int(part)] if isinstance(node, ListConfig) else node[part]
+        walked.append(part)
+
+
+def _update_checked(cfg: Any, key: str, value: Any) -> None:
+    _check_list_indices(cfg, key, value)
+    try:
+        OmegaConf.update(cfg, key, value, merge=True)
+    except (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError, oc_errors.ValidationError) as exc:
+        raise _translate(exc, cfg, key, value, "command line") from None
+    except (IndexError, oc_errors.ConfigIndexError) as exc:
+        raise ConfigError(f"{key}={value!r}: {exc}; index within the list, e.g. stages.0.steps=10.",
+                          key=key, value=value) from None
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for k, v in items:
+        full = f"{prefix}{k}"
+        out[full] = v
+        out.update(_flatten(v, full + "."))
+    return out
+
+
+def _check_missing(cfg: Any) -> None:
+    if not cfg.stages:
+        raise ConfigError("stages is empty: a recipe needs at least one stage, e.g. "
+                          "stages: [{name: grpo, type: grpo, steps: 100}].", key="stages", value=[])
+    for i, stage in enumerate(cfg.stages):
+        for fld in ("name", "type", "steps"):
+            if OmegaConf.is_missing(stage, fld):
+                raise ConfigError(f"stages.{i}.{fld} is required and missing. Each stage needs name, type "
+                                  f"(one of {', '.join(choices.STAGE_TYPES)}) and steps.",
+                                  key=f"stages.{i}.{fld}", value=None)
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _one_of(key: str, value: Any, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed.{did_you_mean(value, allowed)} "
+                          f"Allowed values: {', '.join(allowed)}.", key=key, value=value)
+
+
+def _at_least(key: str, value: Any, low: float, *, strict: bool = False) -> None:
+    if value is not None and (value <= low if strict else value < low):
+        raise ConfigError(f"{key}={value!r} is out of range: it must be {'>' if strict else '>='} {low}.",
+                          key=key, value=value)
+
+
+def _check_values(cfg: Any) -> None:
+    _one_of("resume", cfg.resume, choices.RESUME)
+    _one_of("model.dtype", cfg.model.dtype, choices.DTYPES)
+    _one_of("algorithm.advantage", cfg.algorithm.advantage, choices.ADVANTAGE)
+    _one_of("algorithm.loss_agg", cfg.algorithm.loss_agg, choices.LOSS_AGG)
+    _one_of("algorithm.kl_estimator", cfg.algorithm.kl_estimator, choices.KL_ESTIMATORS)
+    _at_least("trainer.lr", cfg.trainer.lr, 0, strict=True)
+    _at_least("trainer.micro_batch_size", cfg.trainer.micro_batch_size, 1)
+    _at_least("trainer.grad_clip", cfg.trainer.grad_clip, 0, strict=True)
+    _at_least("algorithm.group_size", cfg.algorithm.group_size, 2)
+    _at_least("algorithm.kl_coef", cfg.algorithm.kl_coef, 0)
+    _at_least("algorithm.clip_low", cfg.algorithm.clip_low, 0)
+    _at_least("algorithm.clip_high", cfg.algorithm.clip_high, 0)
+    _at_least("checkpoint.every", cfg.checkpoint.every, 0)
+    _at_least("checkpoint.keep", cfg.checkpoint.keep, 1)
+    _at_least("run.stop_after", cfg.run.stop_after, 1)
+    _at_least("run.log_every", cfg.run.log_every, 1)
+    _at_least("run.threads", cfg.run.threads, 1)
+    names: set[str] = set()
+    for i, stage in enumerate(cfg.stages):
+        _one_of(f"stages.{i}.type", stage.type, choices.STAGE_TYPES)
+        _at_least(f"stages.{i}.steps", stage.steps, 1)
+        _at_least(f"stages.{i}.batch_size", stage.batch_size, 1)
+        _at_least(f"stages.{i}.lr", stage.lr, 0, strict=True)
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", stage.name):
+            raise ConfigError(f"stages.{i}.name={stage.name!r}: use letters, digits, '_', '-' or '.' only "
+                              f"(it names checkpoint folders).", key=f"stages.{i}.name", value=stage.name)
+        if stage.name in names:
+            raise ConfigError(f"stages.{i}.name={stage.name!r} is used by two stages; stage names must be unique.",
+                              key=f"stages.{i}.name", value=stage.name)
+        names.add(stage.name)
+
+
+# --------------------------------------------------------------------------- components
+
+
+def _validate_component(cfg: Any, section: str, kind: str, registry: Any) -> dict[str, Any]:
+    data = OmegaConf.to_container(cfg[section])
+    name = data.pop("name", None)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{section}.name is required: the name of a registered {kind} "
+                          f"(installed: {', '.join(registry.names(kind)) or 'none'}).", key=f"{section}.name", value=name)
+    reg = registry.get(kind, name, key=f"{section}.name")
+    options = _validate_options(data, reg.config_class, section)
+    return {"name": name, **options}
+
+
+def _validate_options(data: dict[str, Any], config_class: type | None, section: str) -> dict[str, Any]:
+    if config_class is None:
+        if data:
+            raise ConfigError(f"{section} takes no options, got {', '.join(sorted(data))}.",
+                              key=f"{section}.{sorted(data)[0]}", value=data[sorted(data)[0]])
+        return {}
+    schema = OmegaConf.structured(config_class)
+    OmegaConf.set_struct(schema, True)
+    for key, value in _flatten(data).items():
+        if isinstance(value, (dict, list)):
+            continue
+        try:
+            OmegaConf.update(schema, key, value, merge=True)
+        except (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError, oc_errors.ValidationError) as exc:
+            raise _translate(exc, schema, key, value, "", prefix=f"{section}.") from None
+    result = OmegaConf.to_container(schema)
+    check = getattr(config_class, "validate", None)
+    if check is not None:
+        problem = check(config_class(**{f.name: result[f.name] for f in dataclasses.fields(config_class)}))
+        if problem:
+            raise ConfigError(f"{section}: {problem}", key=section, value=data)
+    return result
+
+
+def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
+    caps = backend_reg.capabilities
+    if caps is None:
+        return
+    for key, value in recipe_knob_values(cfg, caps.knobs.keys()):
+        if caps.support(key, value) is Support.UNSUPPORTED:
+            others = [r.name for r in registry.entries["backend"].values()
+                      if r.capabilities is not None and r.capabilities.support(key, value) is not Support.UNSUPPORTED]
+            raise CapabilityError(backend=backend_reg.name, key=key, value=value, supported_by=others)
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", path)) and not path.startswith((".", "~"))
+
+
+def _check_model_path(cfg: Any) -> None:
+    path = cfg.model.path
+    if path is None:
+        return
+    local = Path(os.path.expanduser(path))
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"model.path={path!r} is a directory but not a Hugging Face model directory "
+                              f"(no config.json). Point it at a folder written by save_pretrained.",
+                              key="model.path", value=path)
+        return
+    if local.exists() or not _looks_like_hub_id(path):
+        raise ConfigError(f"model.path={path!r} does not exist. Give a local Hugging Face model directory, "
+                          f"a hub id such as Qwen/Qwen2.5-0.5B, or model.path=null to build the tiny model.",
+                          key="model.path", value=path)
+
+
+class _unlocked:
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+
+    def __enter__(self) -> Any:
+        OmegaConf.set_struct(self.cfg, False)
+        return self.cfg
+
+    def __exit__(self, *exc: object) -> None:
+        OmegaConf.set_struct(self.cfg, True)

@@ -1,0 +1,109 @@
+"""The recipe schema as OmegaConf structured configs.
+
+Core-owned sections are typed dataclasses and checked in struct mode (an unknown key or a
+wrong type fails). Component sections (``task``, ``reward``, ``rollout``, ``buffer``,
+``backend_options``) hold a ``name`` plus options whose dataclass the selected plugin
+registers; :mod:`unirl.config.loader` validates them against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class RunSection:
+    dir: str = "runs/unirl"  # the run directory: config.yaml, metrics.jsonl, checkpoints/, model/
+    overwrite: bool = False  # start over in a run.dir that already holds a run
+    stop_after: Optional[int] = None  # stop cleanly (resumable) after this many optimizer steps
+    log_every: int = 10  # steps between progress lines when stdout is not a terminal
+    threads: Optional[int] = None  # torch intra-op threads (None: torch's default)
+
+
+@dataclass
+class TinyModelSection:
+    """The Qwen2-architecture model built with random init when ``model.path`` is null."""
+
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    max_position_embeddings: int = 64
+
+
+@dataclass
+class ModelSection:
+    path: Optional[str] = None  # local HF model directory or hub id; null builds the tiny model
+    tiny: TinyModelSection = field(default_factory=TinyModelSection)
+    dtype: str = "float32"
+
+
+@dataclass
+class TrainerSection:
+    """Optimizer knobs with one meaning on every backend (AdamW, global-norm clipping)."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: Optional[float] = 1.0  # max global L2 norm of gradients; null disables
+    micro_batch_size: int = 64  # sequences per forward/backward; the loss normaliser stays global
+
+
+@dataclass
+class AlgorithmSection:
+    """RL knobs, canonical meanings (see docs/architecture.md)."""
+
+    group_size: int = 8  # completions sampled per prompt
+    advantage: str = "grpo"
+    norm_adv_by_std: bool = True  # divide by the group's unbiased std (+ adv_eps)
+    adv_eps: float = 1e-6
+    loss_agg: str = "token_mean"
+    clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]
+    clip_high: float = 0.2
+    kl_coef: float = 0.0  # coefficient of the KL-to-reference term in the loss; 0 disables
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+
+
+@dataclass
+class StageSection:
+    name: str = MISSING
+    type: str = MISSING  # one of unirl.config.choices.STAGE_TYPES
+    steps: int = MISSING  # optimizer steps in this stage
+    batch_size: int = 16  # sft: examples per step; grpo: prompts per step (x group_size sequences)
+    lr: Optional[float] = None  # overrides trainer.lr in this stage
+
+
+@dataclass
+class CheckpointSection:
+    every: int = 0  # optimizer steps between checkpoints; 0 checkpoints only at stage ends
+    keep: int = 2  # newest checkpoints kept; older ones are deleted after a new one is complete
+
+
+@dataclass
+class RecipeConfig:
+    seed: int = 0
+    backend: str = "native"
+    resume: str = "never"  # never | auto (continue from the newest complete checkpoint)
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    trainer: TrainerSection = field(default_factory=TrainerSection)
+    algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
+    stages: list[StageSection] = field(default_factory=list)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    # Component sections: {name: ..., <options of the registered config class>}.
+    task: dict[str, Any] = field(default_factory=lambda: {"name": "arithmetic"})
+    reward: dict[str, Any] = field(default_factory=lambda: {"name": "arithmetic"})
+    rollout: dict[str, Any] = field(default_factory=lambda: {"name": "hf_generate"})
+    buffer: dict[str, Any] = field(default_factory=lambda: {"name": "memory"})
+    backend_options: dict[str, Any] = field(default_factory=dict)
+
+
+#: Component sections and the registry kind whose config class validates them.
+COMPONENT_SECTIONS = {"task": "task", "reward": "reward", "rollout": "rollout", "buffer": "buffer"}

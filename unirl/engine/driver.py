@@ -1,0 +1,205 @@
+"""Run a validated recipe: prepare the run directory, build the parts, run the stages.
+
+The run directory holds ``config.yaml`` (resolved recipe), ``metrics.jsonl``,
+``checkpoints/``, ``base_model/`` (the tiny model when ``model.path`` is null), ``model/``
+(the exported policy) and ``run.json`` (status and where it stopped).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from unirl import metrics as M
+from unirl.errors import ConfigError, RunError, UnirlError
+
+#: Keys that may differ between a run and its resumption (they steer the process, not the math).
+RESUME_FREE_KEYS = {"resume", "run.stop_after", "run.overwrite", "run.log_every", "run.threads"}
+_OWNED = ("config.yaml", "metrics.jsonl", "checkpoints", "model", "base_model", "run.json")
+
+
+def _flat(cfg: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            out[prefix[:-1]] = node
+
+    walk(OmegaConf.to_container(cfg) if not isinstance(cfg, dict) else cfg, "")
+    return out
+
+
+def prepare_run_dir(recipe: Any) -> tuple[Path, Path | None]:
+    """Create or reuse ``run.dir``; return it and the checkpoint to resume from (or None)."""
+    from unirl.checkpoint import latest_checkpoint
+
+    run_dir = Path(recipe.run.dir)
+    has_run = run_dir.is_dir() and any((run_dir / name).exists() for name in _OWNED)
+    if recipe.resume == "auto" and has_run:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is not None:
+            saved = OmegaConf.load(run_dir / "config.yaml") if (run_dir / "config.yaml").exists() else None
+            if saved is not None:
+                old, new = _flat(saved), _flat(recipe)
+                changed = sorted(k for k in set(old) | set(new) if k not in RESUME_FREE_KEYS and old.get(k) != new.get(k))
+                if changed:
+                    k = changed[0]
+                    raise ConfigError(
+                        f"resume=auto: {k}={new.get(k)!r} differs from the run being resumed in {str(run_dir)!r} "
+                        f"({k}={old.get(k)!r}; {len(changed)} key(s) differ: {', '.join(changed[:6])}). Resume with "
+                        f"the same recipe, or start a new run.dir.", key=k, value=new.get(k))
+            return run_dir, ckpt
+    elif has_run and recipe.resume == "never":
+        if not recipe.run.overwrite:
+            raise ConfigError(
+                f"run.dir={str(run_dir)!r} already holds a run. Pass resume=auto to continue it, "
+                f"run.overwrite=true to delete it and start over, or choose another run.dir.",
+                key="run.dir", value=str(run_dir))
+    for name in _OWNED:
+        target = run_dir / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir, None
+
+
+class Driver:
+    """Runs the stages of one recipe in engine mode."""
+
+    def __init__(self, recipe: Any, host: Any, console: Any) -> None:
+        self.recipe, self.host, self.console = recipe, host, console
+
+    def _build(self, run_dir: Path) -> Any:
+        import torch
+
+        from unirl.engine.stages import Components
+        from unirl.models.loading import load_tokenizer
+        from unirl.protocols import BuildContext
+        from unirl.rewards import adapt_reward_fn
+
+        recipe, registry = self.recipe, self.host.registry
+        model_path = recipe.model.path
+        if model_path is None:
+            model_path = str(run_dir / "base_model")
+            if not (Path(model_path) / "config.json").exists():
+                from unirl.models.tiny import build_tiny_model
+
+                self.console.print(f"building the tiny Qwen2 model (seed {recipe.seed}) in {model_path}")
+                build_tiny_model(model_path, seed=recipe.seed, **OmegaConf.to_container(recipe.model.tiny))
+        ctx = BuildContext(recipe=recipe, run_dir=str(run_dir), model_path=model_path,
+                           tokenizer=load_tokenizer(model_path))
+        backend = registry.get("backend", recipe.backend).load()(recipe)
+        ctx.trainer = backend.build_trainer(ctx)
+
+        def make(section: str, kind: str) -> Any:
+            options = dict(recipe[section])
+            reg = registry.get(kind, options.pop("name"), key=f"{section}.name")
+            config = reg.config_class(**options) if reg.config_class is not None else options
+            return reg.load()(config, ctx)
+
+        torch.manual_seed(recipe.seed)  # building parts must not change what the run samples
+        return Components(recipe=recipe, trainer=ctx.trainer, task=make("task", "task"),
+                          reward=adapt_reward_fn(make("reward", "reward"), data_source=recipe.task.name),
+                          rollout=make("rollout", "rollout"), buffer=make("buffer", "buffer"))
+
+    def run(self) -> dict[str, Any]:
+        import torch
+
+        from unirl.checkpoint import load_checkpoint, save_checkpoint
+        from unirl.engine.stages import RL_STAGES, STEP_FUNCTIONS
+        from unirl.progress import StageProgress
+
+        recipe = self.recipe
+        if recipe.run.threads:
+            torch.set_num_threads(recipe.run.threads)
+        run_dir, resume_from = prepare_run_dir(recipe)
+        OmegaConf.save(recipe, run_dir / "config.yaml")
+        self.host.hook.unirl_run_start(recipe=recipe, run_dir=str(run_dir))
+        random.seed(recipe.seed)
+        torch.manual_seed(recipe.seed)
+        parts = self._build(run_dir)
+        state = {"stage_index": 0, "stage_step": 0, "global_step": 0, "metrics_lines": 0}
+        if resume_from is not None:
+            ckpt = load_checkpoint(resume_from)
+            parts.trainer.load_state_dict(ckpt["trainer"])
+            parts.buffer.load_state_dict(ckpt["buffer"])
+            torch.set_rng_state(ckpt["rng"]["torch"])
+            state = ckpt["state"]
+            parts.task.load_state_dict(state["task"])
+            parts.rollout.load_state_dict(state["rollout"])
+            self.console.print(f"resuming from {resume_from} (global step {state['global_step']})")
+        writer = M.MetricsWriter(run_dir / "metrics.jsonl", keep_lines=state["metrics_lines"])
+
+        def checkpoint() -> Path:
+            snapshot = {**state, "metrics_lines": writer.lines, "task": parts.task.state_dict(),
+                        "rollout": parts.rollout.state_dict()}
+            return save_checkpoint(run_dir, global_step=state["global_step"], trainer_state=parts.trainer.state_dict(),
+                                   state=snapshot, buffer_state=parts.buffer.state_dict(), keep=recipe.checkpoint.keep)
+
+        status, stage, t_start = "completed", None, time.perf_counter()
+        try:
+            while state["stage_index"] < len(recipe.stages):
+                stage = recipe.stages[state["stage_index"]]
+                if state["stage_step"] == 0 and stage.type in RL_STAGES and recipe.algorithm.kl_coef > 0:
+                    parts.trainer.snapshot_reference()
+                lr = stage.lr if stage.lr is not None else recipe.trainer.lr
+                bar = StageProgress(self.console, stage.name, stage.steps, state["stage_step"], recipe.run.log_every)
+                try:
+                    while state["stage_step"] < stage.steps:
+                        row = STEP_FUNCTIONS[stage.type](parts, stage, lr)
+                        state["stage_step"] += 1
+                        state["global_step"] += 1
+                        row[M.MEMORY_PEAK] = M.peak_memory_bytes()
+                        full = {"stage": stage.name, "stage_type": stage.type, "step": state["stage_step"],
+                                "global_step": state["global_step"], **row}
+                        writer.write(full)
+                        self.host.hook.unirl_step_end(stage=stage.name, step=state["stage_step"], metrics=dict(full))
+                        bar.update(state["stage_step"], full)
+                        if state["stage_step"] == stage.steps:
+                            state["stage_index"] += 1
+                            state["stage_step"] = 0
+                            checkpoint()
+                            break
+                        every = recipe.checkpoint.every
+                        if every and state["global_step"] % every == 0:
+                            checkpoint()
+                        if recipe.run.stop_after and state["global_step"] >= recipe.run.stop_after:
+                            checkpoint()
+                            status = "stopped"
+                            break
+                finally:
+                    bar.close()
+                if status == "stopped":
+                    break
+                if recipe.run.stop_after and state["global_step"] >= recipe.run.stop_after \
+                        and state["stage_index"] < len(recipe.stages):
+                    status = "stopped"
+                    break
+            if status == "completed":
+                parts.trainer.export(str(run_dir / "model"))
+        except (UnirlError, KeyboardInterrupt):
+            status = "failed"
+            raise
+        except Exception as exc:
+            status = "failed"
+            where = f"stage {stage.name!r} step {state['stage_step'] + 1}" if stage is not None else "start-up"
+            raise RunError(f"run failed at {where}: {type(exc).__name__}: {exc}. Metrics and checkpoints so far are "
+                           f"in {str(run_dir)!r}; continue with resume=auto once fixed.") from exc
+        finally:
+            writer.close()
+            summary = {"status": status, "global_step": state["global_step"], "stage_index": state["stage_index"],
+                       "stage_step": state["stage_step"], "wall_s": round(time.perf_counter() - t_start, 3)}
+            (run_dir / "run.json").write_text(json.dumps(summary, indent=1))
+            self.host.hook.unirl_run_end(run_dir=str(run_dir), status=status)
+        return {**summary, "run_dir": str(run_dir)}

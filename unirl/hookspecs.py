@@ -1,0 +1,121 @@
+"""Every hook a unirl plugin can implement.
+
+A plugin is a module (or object) with functions decorated by :data:`unirl.hookimpl`,
+exposed through the entry-point group ``unirl`` in its package metadata::
+
+    [project.entry-points.unirl]
+    my_plugin = "my_package.unirl_plugin"
+
+Built-in parts (the ``native`` backend, the arithmetic task) are plugins registered the
+same way. Registration hooks receive a ``register`` callback rather than returning lists,
+so one plugin can register any number of components and the core can attach the plugin's
+name and distribution to each. Implementations may accept fewer arguments than the spec
+(pluggy's opt-in arguments), so hooks can grow without breaking plugins.
+
+Component factories (rollout, reward, buffer, task) are all called as
+``factory(config, ctx)``: ``config`` is an instance of the registered ``config_class``
+holding the recipe section's validated options (a plain dict when no class was
+registered), ``ctx`` a :class:`unirl.protocols.BuildContext` (recipe, run directory,
+model path, tokenizer, trainer).
+
+Registration callbacks all take ``register(name, factory, *, config_class=None,
+capabilities=None, description="")``:
+
+- ``name``: what a recipe writes (``backend=native``, ``reward.name=arithmetic``);
+- ``factory``: a callable building the component, or a ``"module:attr"`` string that is
+  imported only when a recipe uses the component, so that registering never imports a
+  framework;
+- ``config_class``: a dataclass whose fields are the component's recipe options, validated
+  by OmegaConf before anything is built;
+- ``capabilities``: for backends, a :class:`unirl.capabilities.Capabilities` declaring what
+  the backend runs natively, emulates or cannot express.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    Register = Callable[..., None]
+
+hookspec = pluggy.HookspecMarker("unirl")
+
+
+# -------------------------------------------------------------------------------------------
+# Registration: called once when the plugin manager is built.
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec
+def unirl_register_backends(register: Register) -> None:
+    """Register training backends (``backend=NAME`` in a recipe).
+
+    Called once, when the plugin manager loads plugins. The factory is called as
+    ``factory(recipe) -> Backend`` (see :class:`unirl.protocols.Backend`); it is imported
+    only when a recipe selects the backend. ``capabilities`` must be given: the recipe is
+    checked against it before any model is built.
+    """
+
+
+@hookspec
+def unirl_register_rollouts(register: Register) -> None:
+    """Register rollout engines (``rollout.name=NAME``).
+
+    Called once at plugin load. ``factory(config, ctx) -> RolloutEngine``.
+    """
+
+
+@hookspec
+def unirl_register_rewards(register: Register) -> None:
+    """Register reward functions (``reward.name=NAME``).
+
+    Called once at plugin load. ``factory(config, ctx) -> RewardFn``.
+    The returned callable may use TRL's signature ``(prompts, completions, **kwargs) ->
+    list[float]`` or verl's ``compute_score(data_source, solution_str, ground_truth,
+    extra_info) -> float``; :func:`unirl.rewards.adapt_reward_fn` accepts both.
+    """
+
+
+@hookspec
+def unirl_register_buffers(register: Register) -> None:
+    """Register replay buffers (``buffer.name=NAME``).
+
+    Called once at plugin load. ``factory(config, ctx) -> ReplayBuffer``.
+    """
+
+
+@hookspec
+def unirl_register_tasks(register: Register) -> None:
+    """Register tasks / datasets (``task.name=NAME``): prompts, references and SFT text.
+
+    Called once at plugin load. ``factory(config, ctx) -> Task``; the task draws its data
+    from its own generator seeded with ``ctx.recipe.seed``.
+    """
+
+
+# -------------------------------------------------------------------------------------------
+# Run events: called by the driver while a recipe runs. Observers only: return values are
+# ignored and an exception in an observer fails the run (it is never swallowed).
+# -------------------------------------------------------------------------------------------
+
+
+@hookspec
+def unirl_run_start(recipe: Any, run_dir: str) -> None:
+    """Called once after the run directory and resolved ``config.yaml`` are written,
+    before the model is built. ``recipe`` is the validated, read-only recipe."""
+
+
+@hookspec
+def unirl_step_end(stage: str, step: int, metrics: dict[str, Any]) -> None:
+    """Called after every optimizer step with the metrics row just written to
+    ``metrics.jsonl`` (a copy; mutating it changes nothing)."""
+
+
+@hookspec
+def unirl_run_end(run_dir: str, status: str) -> None:
+    """Called once when a run ends; ``status`` is ``"completed"``, ``"stopped"``
+    (``run.stop_after`` reached, resumable) or ``"failed"``."""

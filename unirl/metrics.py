@@ -1,0 +1,88 @@
+"""The shared metric names and the ``metrics.jsonl`` writer.
+
+Every backend writes the same names. One JSON object per optimizer step, with ``stage``
+(the stage name), ``stage_type``, ``step`` (1-based within the stage) and ``global_step``.
+Metrics under :data:`NONDETERMINISTIC_PREFIXES` measure the machine (wall time, memory) and
+are excluded when comparing two runs for determinism.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+REWARD_MEAN = "reward/mean"
+REWARD_STD = "reward/std"
+LOSS_POLICY = "loss/policy"
+LOSS_TOTAL = "loss/total"
+LOSS_SFT = "loss/sft"
+KL_MEAN = "kl/mean"
+CLIP_FRAC = "clip/frac"
+ENTROPY_MEAN = "entropy/mean"
+TIME_GENERATE = "time/generate_s"
+TIME_REWARD = "time/reward_s"
+TIME_REF = "time/ref_s"
+TIME_TRAIN = "time/train_s"
+TIME_STEP = "time/step_s"
+TOKENS_GENERATED = "tokens/generated"
+TOKENS_TRAINED = "tokens/trained"
+THROUGHPUT = "throughput/tokens_per_s"
+MEMORY_PEAK = "memory/peak_bytes"
+
+#: Keys every row of a stage type must carry.
+REQUIRED = {
+    "sft": (LOSS_SFT, TIME_TRAIN, THROUGHPUT, TOKENS_TRAINED),
+    "grpo": (REWARD_MEAN, LOSS_POLICY, KL_MEAN, CLIP_FRAC, TIME_GENERATE, TIME_TRAIN, THROUGHPUT,
+             TOKENS_GENERATED),
+}
+NONDETERMINISTIC_PREFIXES = ("time/", "throughput/", "memory/")
+
+
+def peak_memory_bytes() -> int:
+    """Peak resident set size of this process (CPU); CUDA backends report device peak instead."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def deterministic_view(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` without wall-time, throughput and memory entries."""
+    return {k: v for k, v in row.items() if not k.startswith(NONDETERMINISTIC_PREFIXES)}
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+class MetricsWriter:
+    """Appends rows to ``metrics.jsonl``; each row is flushed and fsynced before returning."""
+
+    def __init__(self, path: str | Path, *, keep_lines: int | None = None) -> None:
+        self.path = Path(path)
+        if keep_lines is not None:
+            self._truncate(keep_lines)
+        self.lines = sum(1 for _ in open(self.path)) if self.path.exists() else 0
+        self._fh = open(self.path, "a")
+
+    def _truncate(self, keep: int) -> None:
+        """Drop rows written after the checkpoint we resume from (they will be written again)."""
+        if not self.path.exists():
+            return
+        with open(self.path) as fh:
+            lines = fh.readlines()[:keep]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(lines))
+        os.replace(tmp, self.path)
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._fh.write(json.dumps(row, sort_keys=False) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self.lines += 1
+
+    def close(self) -> None:
+        self._fh.close()

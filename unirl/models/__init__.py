@@ -1,0 +1,1 @@
+"""Model construction: the tiny local model and loading of any HF model directory."""

@@ -1,0 +1,55 @@
+"""Load and save Hugging Face models and tokenizers the same way on every backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from unirl.errors import RunError
+
+
+def quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    quiet_transformers()
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # noqa: BLE001
+        raise RunError(f"could not load a tokenizer from model.path={path!r}: {type(exc).__name__}: {exc}") from exc
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token  # left-padded prompts need a pad id; masked out everywhere
+    tok.padding_side = "left"
+    return tok
+
+
+def load_causal_lm(path: str, dtype: str = "float32") -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    quiet_transformers()
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    except Exception as exc:  # noqa: BLE001
+        raise RunError(f"could not load a causal LM from model.path={path!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def save_hf_model(model: Any, tokenizer: Any, path: str | Path) -> None:
+    """``save_pretrained`` (safetensors) of model and tokenizer into ``path``, atomically."""
+    import shutil
+
+    final = Path(path)
+    tmp = final.with_name(final.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)

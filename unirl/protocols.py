@@ -1,0 +1,133 @@
+"""The interfaces between the parts of a run. Backends and plugins implement them.
+
+One GRPO step flows: ``Task.sample`` -> ``RolloutEngine.generate`` -> ``RewardFn`` ->
+``ReplayBuffer.add`` / ``take`` -> advantages (:mod:`unirl.algorithms`) ->
+``Trainer.train_step`` -> ``RolloutEngine.update_weights``. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from unirl.batch import RolloutBatch, SFTBatch
+
+
+@dataclass
+class Example:
+    """One task item: a prompt, its reference answer and the SFT completion for it."""
+
+    prompt: str
+    answer: str
+    completion: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A dataset of prompts with references (``task.name``)."""
+
+    def sample(self, n: int) -> list[Example]:
+        """``n`` examples, drawn from the task's own seeded generator."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data position (generator state), JSON-serialisable, for exact resume."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class RewardFn(Protocol):
+    """TRL's reward signature; rewards are floats, one per completion."""
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **kwargs: Any) -> list[float]: ...
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1  # completions per prompt
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Generates completions with the current policy (``rollout.name``)."""
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
+        """Completions for every prompt, ``params.n`` each, grouped contiguously."""
+
+    def update_weights(self, trainer: Trainer) -> None:
+        """Make the rollout policy equal the trainer's current weights."""
+
+
+@runtime_checkable
+class ReplayBuffer(Protocol):
+    """Holds rollouts between generation and training (``buffer.name``)."""
+
+    def add(self, batch: RolloutBatch) -> None: ...
+
+    def take(self, n_sequences: int | None = None) -> RolloutBatch:
+        """Remove and return the oldest ``n_sequences`` (all when None), in insertion order."""
+
+    def __len__(self) -> int: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """Owns the policy (and reference) weights and the optimizer."""
+
+    tokenizer: Any
+
+    def sft_step(self, batch: SFTBatch, lr: float) -> dict[str, float]:
+        """One optimizer step of token-level cross-entropy on the completion tokens."""
+
+    def policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
+        """One optimizer step of the recipe's policy loss on a scored batch with advantages."""
+
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """Per-token log-probs of the responses under the frozen reference, or None without KL."""
+
+    def policy_module(self) -> Any:
+        """The in-process policy module, for same-process rollout engines (may be None)."""
+
+    def snapshot_reference(self) -> None:
+        """Freeze the current policy as the KL reference (called at the start of an RL stage)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, reference, optimizer and step state; tensors only where possible."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def export(self, path: str) -> None:
+        """Write the policy as a Hugging Face model directory (safetensors) with its tokenizer."""
+
+
+@dataclass
+class BuildContext:
+    """What factories receive besides their own config section."""
+
+    recipe: Any
+    run_dir: str
+    model_path: str
+    tokenizer: Any = None
+    trainer: Trainer | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What ``backend=NAME`` builds: the training side of a run."""
+
+    name: str
+
+    def build_trainer(self, ctx: BuildContext) -> Trainer: ...

@@ -1,0 +1,1 @@
+"""Built-in tasks: small verifiable problems for CPU runs and tests."""
