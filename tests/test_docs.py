@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import inspect
+import re
+
+from unirl import hookspecs
+from tests.conftest import ROOT
+
+
+def _hooks():
+    return {name: fn for name, fn in vars(hookspecs).items() if name.startswith("unirl_") and callable(fn)}
+
+
+def test_every_hook_is_documented_and_listed_in_architecture_doc():
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    hooks = _hooks()
+    assert len(hooks) == 8
+    for name, fn in hooks.items():
+        assert (inspect.getdoc(fn) or "").strip(), f"{name} has no docstring"
+        assert f"`{name}`" in doc, f"{name} missing from docs/architecture.md"
+    listed = set(re.findall(r"`(unirl_[a-z_]+)`", doc))
+    assert listed <= set(hooks), f"docs name hooks that do not exist: {listed - set(hooks)}"
+
+
+def test_readme_quick_start_has_exactly_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```bash\n(.*?)```", section, re.S)[0]
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+    assert commands == ["bash scripts/demo.sh", "bash scripts/test.sh"]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "bash scripts/test.sh" in ci
