@@ -16,7 +16,10 @@ if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp
 fi
 echo "setting up $venv (pinned dependencies from requirements/lock.txt) ..." >&2
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$root/requirements/lock.txt"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e "$root"
+pip_install() {  # this machine's pip config lists index folders that may be absent: drop that noise only
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2> >(grep -v '^WARNING: Location' >&2)
+}
+pip_install -r "$root/requirements/lock.txt"
+pip_install --no-deps -e "$root"
 echo "$stamp_src" > "$stamp"
 echo "environment ready: $venv" >&2
