@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from unirl.algorithms.advantages import grpo_advantages
 from unirl.algorithms.aggregation import aggregate_loss, step_normaliser
 from unirl.algorithms.kl import kl_estimate
-from unirl.algorithms.objectives import grpo_objective
+from unirl.algorithms.objectives import policy_objective
 from unirl.algorithms.policy_loss import clipped_policy_loss, token_logprobs
 
 
@@ -99,30 +99,31 @@ def test_token_mean_is_padding_invariant(b, t, extra_pad, seed):
 
 
 def _algo(**kw):
-    base = dict(clip_low=0.2, clip_high=0.2, loss_agg="token_mean", kl_estimator="k3", kl_coef=0.0, entropy_coef=0.0)
+    base = dict(clip_low=0.2, clip_high=0.2, dual_clip=None, loss_agg="token_mean", kl_loss_estimator="k3",
+                kl_loss_coef=0.0, kl_clamp=None, entropy_coef=0.0)
     return SimpleNamespace(**{**base, **kw})
 
 
-def test_grpo_objective_value_and_gradient_hand_computed():
+def test_policy_objective_value_and_gradient_hand_computed():
     # On-policy (old = current): ratio 1, loss per token = -A; token_mean over 3 tokens.
     # A = [2, -1]; mask rows [1, 1, 0] and [1, 0, 0] -> loss = (-2 - 2 + 1) / 3 = -1.
     # d loss / d logp_it = -A_i / 3 on unmasked tokens.
     logp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.1, -0.2]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    adv = torch.tensor([2.0, -1.0])
-    loss, stats = grpo_objective(logp=logp, old_logp=logp.detach(), ref_logp=None, advantages=adv, mask=mask,
+    adv = torch.tensor([[2.0, 2.0, 2.0], [-1.0, -1.0, -1.0]]) * mask
+    loss, stats = policy_objective(logp=logp, old_logp=logp.detach(), ref_logp=None, advantages=adv, mask=mask,
                                  entropy=None, algo=_algo(), normaliser=3.0, n_tokens=3.0)
     assert loss.item() == pytest.approx(-1.0) and stats["clip/frac"].item() == 0.0
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-2 / 3, -2 / 3, 0.0], [1 / 3, 0.0, 0.0]]))
 
 
-def test_grpo_objective_adds_kl_in_loss_with_its_coefficient():
+def test_policy_objective_adds_kl_in_loss_with_its_coefficient():
     logp = torch.zeros(1, 2)
     ref = torch.full((1, 2), math.log(0.5))
     mask = torch.ones(1, 2)
-    loss, stats = grpo_objective(logp=logp, old_logp=logp, ref_logp=ref, advantages=torch.tensor([0.0]), mask=mask,
-                                 entropy=None, algo=_algo(kl_coef=0.1), normaliser=2.0, n_tokens=2.0)
+    loss, stats = policy_objective(logp=logp, old_logp=logp, ref_logp=ref, advantages=torch.zeros(1, 2), mask=mask,
+                                 entropy=None, algo=_algo(kl_loss_coef=0.1), normaliser=2.0, n_tokens=2.0)
     k3 = 0.5 - 1 + math.log(2)
     assert stats["kl/mean"].item() == pytest.approx(k3, abs=1e-6)
     assert loss.item() == pytest.approx(0.1 * k3, abs=1e-6)

@@ -14,7 +14,7 @@ def test_demo_recipe_learns(tmp_path):
     run_dir = tmp_path / "demo"
     proc = run_cli("run", str(DEMO), f"run.dir={run_dir}", timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rows = [r for r in read_rows(run_dir) if r["stage_type"] == "grpo"]
+    rows = [r for r in read_rows(run_dir) if r["stage_type"] == "rl"]
     assert len(rows) == 300
     k = len(rows) // 10
     first = sum(r["reward/mean"] for r in rows[:k]) / k

@@ -168,17 +168,8 @@ def test_failing_reward_fails_the_run_with_exit_1(short_overrides, tmp_path, cap
     assert (tmp_path / "run" / "checkpoints" / "step-00000004").is_dir()
 
 
-def test_micro_batching_does_not_change_the_update(short_overrides, tmp_path):
-    """Gradient accumulation uses the step-global normaliser: 1 x 16 and 8 x 2 give one update."""
-    common = [*short_overrides, "stages.0.steps=2", "stages.1.steps=2"]
-    assert _run([*common, f"run.dir={tmp_path / 'big'}", "trainer.micro_batch_size=16"]) == 0
-    assert _run([*common, f"run.dir={tmp_path / 'small'}", "trainer.micro_batch_size=2"]) == 0
-    a, b = _weights(tmp_path / "big"), _weights(tmp_path / "small")
-    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
-
-
 def test_real_process_run_prints_progress(short_overrides):
     proc = run_cli("run", str(DEMO), *short_overrides, "stages.1.steps=2")
     assert proc.returncode == 0, proc.stderr
     assert "[sft_warmup] step 1/4" in proc.stdout and "[grpo] step 2/2 reward=" in proc.stdout
-    assert "model exported to" in proc.stdout
+    assert "exported policy -> " in proc.stdout

@@ -6,7 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from unirl import hookimpl
-from unirl.capabilities import Capabilities
+from unirl.capabilities import Capabilities, Support
 from unirl.cli import main
 from unirl.config import load_recipe
 from unirl.errors import CapabilityError, ConfigError, UnknownBackendError
@@ -53,9 +53,9 @@ def test_unknown_top_level_key_suggests_backend():
 
 def test_unknown_key_in_recipe_file_names_the_file(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("algorithm:\n  kl_coeff: 0.1\nstages: [{name: a, type: sft, steps: 1}]\n")
+    bad.write_text("algorithm:\n  kl_los_coef: 0.1\nstages: [{name: a, type: sft, steps: 1}]\n")
     _, msg = _err([], bad)
-    assert "unknown key 'algorithm.kl_coeff'" in msg and str(bad) in msg and "Did you mean 'kl_coef'?" in msg
+    assert "unknown key 'algorithm.kl_los_coef'" in msg and str(bad) in msg and "Did you mean 'kl_loss_coef'?" in msg
 
 
 def test_unknown_component_option_checked_against_plugin_class():
@@ -74,8 +74,8 @@ def test_wrong_type_names_key_value_and_type():
 def test_out_of_range_and_enumerations():
     _, msg = _err(["algorithm.group_size=1"])
     assert "algorithm.group_size=1 is out of range: it must be >= 2" in msg
-    _, msg = _err(["algorithm.kl_estimator=k4"])
-    assert "algorithm.kl_estimator='k4'" in msg and "Allowed values: k1, k2, k3" in msg
+    _, msg = _err(["algorithm.kl_loss_estimator=k4"])
+    assert "algorithm.kl_loss_estimator='k4'" in msg and "Allowed values: k1, k2, k3" in msg
     _, msg = _err(["stages.0.type=sfft"])
     assert "stages.0.type='sfft'" in msg and "Did you mean 'sft'?" in msg
     _, msg = _err(["task.min_operand=20"])
@@ -157,7 +157,8 @@ def test_cli_usage_error_exits_2(capsys):
 class SftOnlyBackend:
     @hookimpl
     def unirl_register_backends(self, register):
-        register("sft_only", "nowhere_xyz:Backend", capabilities=Capabilities(stages=frozenset({"sft"})))
+        register("sft_only", "nowhere_xyz:Backend",
+                 capabilities=Capabilities(knobs={"stages.type": {"sft": Support.NATIVE}}))
 
 
 def test_capability_error_names_knob_and_backends_that_support_it():
@@ -166,7 +167,7 @@ def test_capability_error_names_knob_and_backends_that_support_it():
     with pytest.raises(CapabilityError) as info:
         load_recipe(DEMO, ["backend=sft_only"], host=host)
     msg = str(info.value)
-    assert "stages.type='grpo' is not supported by backend 'sft_only'" in msg
+    assert "stages.type='rl' is not supported by backend 'sft_only'" in msg
     assert "Backends that support it: native" in msg
     # An SFT-only recipe is accepted (and nothing was imported from the fake factory path).
     cfg = load_recipe(DEMO, ["backend=sft_only", "stages=[{name: s, type: sft, steps: 1}]"], host=host)

@@ -1,7 +1,8 @@
 """The batches that flow between rollout, reward, buffer and trainer.
 
-Shapes: ``B`` sequences, ``T`` tokens (prompt and response, left-padded prompts so that
-every response starts at column ``prompt_len``). Masks are 0/1 float tensors.
+Shapes: ``B`` sequences, ``T`` tokens (left-padded prompts so that every response starts
+at column ``prompt_len``). Token-level RL tensors live on the *target grid* ``[B, T-1]``:
+entry ``t - 1`` belongs to token ``t`` (the one predicted from ``x_<t``). Masks are 0/1.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
+
+#: RolloutBatch fields on the target grid [B, T-1], filled in as a step progresses.
+TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "values", "returns", "advantages")
 
 
 @dataclass
@@ -22,16 +26,28 @@ class RolloutBatch:
     prompts: list[str] = field(default_factory=list)  # [B] prompt text, repeated per sample
     completions: list[str] = field(default_factory=list)  # [B] decoded response text
     extras: dict[str, list[Any]] = field(default_factory=dict)  # [B] task fields (answer, ...)
-    rewards: torch.Tensor | None = None  # [B] float scalar reward per sequence
-    advantages: torch.Tensor | None = None  # [B] float (outcome advantage, broadcast over tokens)
-    ref_logprobs: torch.Tensor | None = None  # [B, T-1] log p_ref(x_t | x_<t), aligned to targets
+    rewards: torch.Tensor | None = None  # [B] outcome reward per sequence
+    old_logprobs: torch.Tensor | None = None  # [B, T-1] behaviour policy; None = on-policy (current)
+    ref_logprobs: torch.Tensor | None = None  # [B, T-1] frozen reference
+    values: torch.Tensor | None = None  # [B, T-1] critic values at rollout time
+    returns: torch.Tensor | None = None  # [B, T-1] value targets (gae)
+    advantages: torch.Tensor | None = None  # [B, T-1] per-token advantages (0 outside the response)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def select(self, index: slice | torch.Tensor) -> RolloutBatch:
+    @property
+    def response_len(self) -> int:
+        return int(self.input_ids.shape[1]) - self.prompt_len
+
+    def select(self, index: slice | torch.Tensor | list[int]) -> RolloutBatch:
         """Rows ``index`` of every per-sequence field."""
-        idx = list(range(len(self)))[index] if isinstance(index, slice) else index.tolist()
+        if isinstance(index, slice):
+            idx = list(range(len(self)))[index]
+        elif isinstance(index, torch.Tensor):
+            idx = index.tolist()
+        else:
+            idx = list(index)
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -44,10 +60,6 @@ class RolloutBatch:
             else:
                 out[f.name] = [value[i] for i in idx]
         return RolloutBatch(**out)
-
-    @property
-    def response_len(self) -> int:
-        return int(self.input_ids.shape[1]) - self.prompt_len
 
     @staticmethod
     def concat(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
@@ -65,13 +77,11 @@ class RolloutBatch:
 
         def cat_opt(name: str) -> torch.Tensor | None:
             vals = [getattr(b, name) for b in batches]
-            return None if any(v is None for v in vals) else torch.cat(vals)
+            if any(v is None for v in vals):
+                return None
+            return torch.cat([pad(v, b, 0.0) for v, b in zip(vals, batches)]) if name in TOKEN_FIELDS \
+                else torch.cat(vals)
 
-        ref = None
-        if all(b.ref_logprobs is not None for b in batches):
-            ref = torch.cat([torch.nn.functional.pad(b.ref_logprobs, (p_max - b.prompt_len, r_max - b.response_len))
-                             for b in batches])
-        extras_keys = batches[0].extras.keys()
         return RolloutBatch(
             input_ids=torch.cat([pad(b.input_ids, b, pad_id) for b in batches]),
             attention_mask=torch.cat([pad(b.attention_mask, b, 0) for b in batches]),
@@ -80,10 +90,8 @@ class RolloutBatch:
             prompt_len=p_max,
             prompts=[p for b in batches for p in b.prompts],
             completions=[c for b in batches for c in b.completions],
-            extras={k: [v for b in batches for v in b.extras[k]] for k in extras_keys},
-            rewards=cat_opt("rewards"),
-            advantages=cat_opt("advantages"),
-            ref_logprobs=ref,
+            extras={k: [v for b in batches for v in b.extras[k]] for k in batches[0].extras},
+            **{name: cat_opt(name) for name in ("rewards", *TOKEN_FIELDS)},
         )
 
     def to_state(self) -> dict[str, Any]:
@@ -92,9 +100,20 @@ class RolloutBatch:
 
 @dataclass
 class SFTBatch:
-    input_ids: torch.Tensor  # [B, T] right-padded prompt + completion + EOS
+    input_ids: torch.Tensor  # [B, T] right-padded
     attention_mask: torch.Tensor  # [B, T]
-    loss_mask: torch.Tensor  # [B, T] 1 on completion tokens (the targets that are trained)
+    loss_mask: torch.Tensor  # [B, T] 1 on tokens that are targets (completion for SFT, all for CPT)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
+
+
+@dataclass
+class PairBatch:
+    """Preference pairs in one padded batch: rows ``0..P-1`` are the chosen completions, rows
+    ``P..2P-1`` the rejected ones, row ``i`` and ``P + i`` answering the same prompt."""
+
+    sequences: SFTBatch  # [2P, T]; loss_mask covers completion tokens
+
+    def __len__(self) -> int:
+        return len(self.sequences) // 2

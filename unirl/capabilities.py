@@ -1,17 +1,20 @@
 """What a backend can express, declared as data and checked before any heavy import.
 
-Each backend registers a :class:`Capabilities`. ``knobs`` maps a recipe key (for example
-``algorithm.kl_estimator``) to the canonical values the backend runs ``native``-ly or
-``emulated``; any value not listed is unsupported. A recipe asking for an unsupported
-value raises :class:`unirl.errors.CapabilityError` naming the backends that do support it.
+Each backend registers a :class:`Capabilities`. ``knobs`` maps a canonical knob (below) to
+the values the backend runs ``native``-ly (its framework computes it) or ``emulated``
+(unirl computes it around the framework); a value it does not list is unsupported. A
+recipe asking for an unsupported value raises :class:`unirl.errors.CapabilityError` naming
+the backends that do support it. A knob a backend does not list at all is unconstrained.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+from unirl.config import choices
 
 
 class Support(str, Enum):
@@ -20,38 +23,79 @@ class Support(str, Enum):
     UNSUPPORTED = "unsupported"
 
 
+ON = "set"  # value token for optional features that are switched on (a coefficient or bound given)
+
+#: Every canonical knob and its values: the rows of the semantics matrix.
+CANONICAL_KNOBS: dict[str, tuple[Any, ...]] = {
+    "stages.type": choices.STAGE_TYPES,
+    "algorithm.advantage": choices.ADVANTAGE,
+    "algorithm.norm_adv_by_std": (True, False),
+    "algorithm.loss_agg": choices.LOSS_AGG,
+    "kl.placement": ("in_loss", "in_reward"),
+    "algorithm.kl_loss_estimator": choices.KL_ESTIMATORS,
+    "algorithm.kl_reward_estimator": choices.KL_ESTIMATORS,
+    "algorithm.kl_clamp": (ON,),
+    "algorithm.dual_clip": (ON,),
+    "algorithm.entropy_coef": (ON,),
+    "algorithm.value_clip": (ON,),
+    "algorithm.dpo_loss": choices.DPO_LOSSES,
+    "algorithm.label_smoothing": (ON,),
+}
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """A backend's declared abilities.
 
     ``mode``: ``"engine"`` (unirl's driver runs the loop, the framework trains) or
     ``"trainer"`` (the framework runs its own loop from a translated config).
-    ``stages``: stage types the backend can run (``sft``, ``grpo``, ...).
-    ``knobs``: recipe key -> {canonical value: Support}; unlisted values are unsupported.
+    ``knobs``: canonical knob -> {value: Support}; ``stages.type`` lists the stage types.
     """
 
     mode: str = "engine"
-    stages: frozenset[str] = frozenset()
     knobs: Mapping[str, Mapping[Any, Support]] = field(default_factory=dict)
 
     def support(self, key: str, value: Any) -> Support:
-        if key == "stages.type":
-            return Support.NATIVE if value in self.stages else Support.UNSUPPORTED
         values = self.knobs.get(key)
         if values is None:
-            return Support.NATIVE  # the backend does not constrain this knob
+            return Support.NATIVE
         return values.get(value, Support.UNSUPPORTED)
 
 
-def recipe_knob_values(recipe: Any, knob_keys: Iterable[str]) -> list[tuple[str, Any]]:
-    """The (key, value) pairs of ``recipe`` that capabilities constrain, stage types first."""
-    pairs: list[tuple[str, Any]] = [("stages.type", stage.type) for stage in recipe.stages]
-    for key in knob_keys:
-        node: Any = recipe
-        for part in key.split("."):
-            node = node[part] if isinstance(node, Mapping) else getattr(node, part, None)
-            if node is None:
-                break
-        if node is not None:
-            pairs.append((key, node))
-    return pairs
+def recipe_knobs(recipe: Any) -> list[tuple[str, Any, Any]]:
+    """``(knob, canonical value, value as written)`` for every canonical knob the recipe uses.
+
+    Knobs only count where a stage uses them: RL knobs with an ``rl`` stage, DPO knobs with
+    a ``dpo`` stage, and optional features only when switched on.
+    """
+    a = recipe.algorithm
+    types = [stage.type for stage in recipe.stages]
+    out: list[tuple[str, Any, Any]] = [("stages.type", t, t) for t in dict.fromkeys(types)]
+    if "rl" in types:
+        out += [("algorithm.advantage", a.advantage, a.advantage), ("algorithm.loss_agg", a.loss_agg, a.loss_agg)]
+        if a.advantage == "grpo":
+            out.append(("algorithm.norm_adv_by_std", a.norm_adv_by_std, a.norm_adv_by_std))
+        if a.kl_loss_coef > 0:
+            out += [("kl.placement", "in_loss", f"in_loss (algorithm.kl_loss_coef={a.kl_loss_coef})"),
+                    ("algorithm.kl_loss_estimator", a.kl_loss_estimator, a.kl_loss_estimator)]
+        if a.kl_reward_coef > 0:
+            out += [("kl.placement", "in_reward", f"in_reward (algorithm.kl_reward_coef={a.kl_reward_coef})"),
+                    ("algorithm.kl_reward_estimator", a.kl_reward_estimator, a.kl_reward_estimator)]
+        if a.kl_clamp is not None and (a.kl_loss_coef > 0 or a.kl_reward_coef > 0):
+            out.append(("algorithm.kl_clamp", ON, a.kl_clamp))
+        for key in ("dual_clip", "entropy_coef"):
+            if a[key]:
+                out.append((f"algorithm.{key}", ON, a[key]))
+        if a.advantage == "gae" and a.value_clip is not None:
+            out.append(("algorithm.value_clip", ON, a.value_clip))
+    if "dpo" in types:
+        out.append(("algorithm.dpo_loss", a.dpo_loss, a.dpo_loss))
+        if a.label_smoothing:
+            out.append(("algorithm.label_smoothing", ON, a.label_smoothing))
+    return out
+
+
+def all_values(support: Support | None = None) -> dict[str, dict[Any, Support]]:
+    """Every canonical value mapped to ``support`` (default native): the reference backend's table."""
+    level = support or Support.NATIVE
+    return {key: {v: level for v in values} for key, values in CANONICAL_KNOBS.items()}

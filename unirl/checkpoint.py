@@ -2,8 +2,9 @@
 
 Layout: ``<run.dir>/checkpoints/step-<global_step:08d>/`` holding
 
-- ``policy.safetensors`` (and ``reference.safetensors`` when a KL reference exists);
-- ``trainer.pt``: optimizer and any other trainer state (loaded with ``weights_only=True``);
+- ``model-<name>.safetensors`` for each of the trainer's models (policy, reference, critic,
+  reward_model, as the run has them);
+- ``trainer.pt``: optimizers and any other trainer state (loaded with ``weights_only=True``);
 - ``rng.pt``: torch's CPU generator state; ``buffer.pt``: the replay buffer;
 - ``state.json``: stage index, step, global step, task data position, rollout state and the
   number of ``metrics.jsonl`` rows the checkpoint covers. It is written last; a folder is
@@ -25,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from unirl.errors import RunError
 
 _PREFIX = "step-"
-_TENSOR_FILES = ("policy", "reference")
+_MODEL_FILE = "model-{}.safetensors"
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -65,11 +66,9 @@ def save_checkpoint(run_dir: str | Path, *, global_step: int, trainer_state: dic
         shutil.rmtree(tmp)
     tmp.mkdir()
     rest = dict(trainer_state)
-    for name in _TENSOR_FILES:
-        tensors = rest.pop(name, None)
-        if tensors is not None:
-            # clone: tied weights share storage, which safetensors refuses to write twice
-            save_file({k: v.detach().clone().contiguous() for k, v in tensors.items()}, str(tmp / f"{name}.safetensors"))
+    for name, tensors in rest.pop("models", {}).items():
+        # clone: tied weights share storage, which safetensors refuses to write twice
+        save_file({k: v.detach().clone().contiguous() for k, v in tensors.items()}, str(tmp / _MODEL_FILE.format(name)))
     torch.save(rest, tmp / "trainer.pt")
     torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
     torch.save(buffer_state, tmp / "buffer.pt")
@@ -91,10 +90,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
         trainer_state: dict[str, Any] = torch.load(path / "trainer.pt", weights_only=True)
-        for name in _TENSOR_FILES:
-            file = path / f"{name}.safetensors"
-            if file.exists():
-                trainer_state[name] = load_file(str(file))
+        trainer_state["models"] = {f.name[len("model-"):-len(".safetensors")]: load_file(str(f))
+                                   for f in sorted(path.glob(_MODEL_FILE.format("*")))}
         return {
             "trainer": trainer_state,
             "state": json.loads((path / "state.json").read_text()),

@@ -31,8 +31,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                   highlight=False)
     result = Driver(recipe, host, console).run()
     if result["status"] == "completed":
-        console.print(f"done: {result['global_step']} steps in {result['wall_s']:.1f}s; model exported to "
-                      f"{result['run_dir']}/model", highlight=False)
+        where = ", ".join(f"{k} -> {v}" for k, v in result["exported"].items())
+        console.print(f"done: {result['global_step']} steps in {result['wall_s']:.1f}s; exported {where}",
+                      highlight=False)
     else:
         console.print(f"stopped after global step {result['global_step']} (run.stop_after); continue with "
                       f"resume=auto", highlight=False)

@@ -20,6 +20,12 @@ REWARD_STD = "reward/std"
 LOSS_POLICY = "loss/policy"
 LOSS_TOTAL = "loss/total"
 LOSS_SFT = "loss/sft"
+LOSS_CPT = "loss/cpt"
+LOSS_DPO = "loss/dpo"
+LOSS_RM = "loss/rm"
+LOSS_VALUE = "loss/value"
+DPO_MARGIN = "rewards/margin"
+RM_ACCURACY = "rm/accuracy"
 KL_MEAN = "kl/mean"
 CLIP_FRAC = "clip/frac"
 ENTROPY_MEAN = "entropy/mean"
@@ -34,10 +40,14 @@ THROUGHPUT = "throughput/tokens_per_s"
 MEMORY_PEAK = "memory/peak_bytes"
 
 #: Keys every row of a stage type must carry.
+#: (``kl/mean`` needs a reference: present when a KL coefficient is set; ``loss/value`` with a critic.)
 REQUIRED = {
     "sft": (LOSS_SFT, TIME_TRAIN, THROUGHPUT, TOKENS_TRAINED),
-    "grpo": (REWARD_MEAN, LOSS_POLICY, KL_MEAN, CLIP_FRAC, TIME_GENERATE, TIME_TRAIN, THROUGHPUT,
-             TOKENS_GENERATED),
+    "cpt": (LOSS_CPT, TIME_TRAIN, THROUGHPUT, TOKENS_TRAINED),
+    "dpo": (LOSS_DPO, DPO_MARGIN, "rewards/accuracy", TIME_TRAIN, THROUGHPUT),
+    "rm": (LOSS_RM, RM_ACCURACY, TIME_TRAIN, THROUGHPUT),
+    "rl": (REWARD_MEAN, LOSS_POLICY, CLIP_FRAC, ENTROPY_MEAN, TIME_GENERATE, TIME_TRAIN, THROUGHPUT,
+           TOKENS_GENERATED),
 }
 NONDETERMINISTIC_PREFIXES = ("time/", "throughput/", "memory/")
 

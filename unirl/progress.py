@@ -8,8 +8,9 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-_SHOWN = {"reward/mean": "reward", "loss/sft": "sft_loss", "loss/policy": "pg_loss", "kl/mean": "kl",
-          "throughput/tokens_per_s": "tok/s"}
+_SHOWN = {"reward/mean": "reward", "loss/sft": "sft_loss", "loss/cpt": "cpt_loss", "loss/dpo": "dpo_loss",
+          "rewards/margin": "margin", "loss/rm": "rm_loss", "rm/accuracy": "rm_acc", "loss/policy": "pg_loss",
+          "loss/value": "vf_loss", "kl/mean": "kl", "throughput/tokens_per_s": "tok/s"}
 
 
 def _summary(row: dict[str, Any]) -> str:

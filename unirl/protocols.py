@@ -14,17 +14,25 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from unirl.batch import RolloutBatch, SFTBatch
+    from unirl.batch import PairBatch, RolloutBatch, SFTBatch
 
 
 @dataclass
 class Example:
-    """One task item: a prompt, its reference answer and the SFT completion for it."""
+    """One task item: a prompt, its reference answer, the SFT (and preferred) completion,
+    optionally a dispreferred completion for preference stages, and any extra fields that
+    reward functions receive as keyword lists."""
 
     prompt: str
     answer: str
     completion: str
+    rejected: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """The example as raw text, for continued pretraining."""
+        return self.prompt + self.completion
 
 
 @runtime_checkable
@@ -85,32 +93,45 @@ class ReplayBuffer(Protocol):
 
 @runtime_checkable
 class Trainer(Protocol):
-    """Owns the policy (and reference) weights and the optimizer."""
+    """Owns the models (policy, and as stages need them reference, critic, reward model) and
+    their optimizers. Losses follow the reference semantics of :mod:`unirl.algorithms`."""
 
     tokenizer: Any
 
-    def sft_step(self, batch: SFTBatch, lr: float) -> dict[str, float]:
-        """One optimizer step of token-level cross-entropy on the completion tokens."""
+    def begin_stage(self, stage_type: str) -> None:
+        """Create what a stage needs at its first step: reference snapshot, critic, reward model."""
 
-    def policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
-        """One optimizer step of the recipe's policy loss on a scored batch with advantages."""
+    def lm_step(self, batch: SFTBatch, lr: float) -> dict[str, float]:
+        """One optimizer step of token-mean NLL on ``batch.loss_mask`` (SFT and CPT)."""
+
+    def dpo_step(self, pairs: PairBatch, lr: float) -> dict[str, float]: ...
+
+    def rm_step(self, pairs: PairBatch, lr: float) -> dict[str, float]: ...
+
+    def logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """Per-token log-probs [B, T-1] of the current policy (no gradient)."""
 
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
-        """Per-token log-probs of the responses under the frozen reference, or None without KL."""
+        """Per-token log-probs under the frozen reference, or None when the stage keeps none."""
+
+    def values(self, batch: RolloutBatch) -> torch.Tensor:
+        """Critic values [B, T-1] (advantage=gae)."""
+
+    def policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
+        """One optimizer step of the recipe's policy loss on a batch with advantages."""
+
+    def critic_step(self, batch: RolloutBatch) -> dict[str, float]: ...
 
     def policy_module(self) -> Any:
         """The in-process policy module, for same-process rollout engines (may be None)."""
 
-    def snapshot_reference(self) -> None:
-        """Freeze the current policy as the KL reference (called at the start of an RL stage)."""
-
     def state_dict(self) -> dict[str, Any]:
-        """Model, reference, optimizer and step state; tensors only where possible."""
+        """``{"models": {name: tensors}, ...}``: model tensors are saved as safetensors."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
-    def export(self, path: str) -> None:
-        """Write the policy as a Hugging Face model directory (safetensors) with its tokenizer."""
+    def export(self, run_dir: str) -> dict[str, str]:
+        """Write trained models as Hugging Face directories (safetensors); returns name -> path."""
 
 
 @dataclass

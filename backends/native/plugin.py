@@ -5,18 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from unirl import hookimpl
-from unirl.capabilities import Capabilities, Support
-from unirl.config import choices
+from unirl.capabilities import Capabilities, all_values
 
-CAPABILITIES = Capabilities(
-    mode="engine",
-    stages=frozenset({"sft", "grpo"}),
-    knobs={
-        "algorithm.advantage": {v: Support.NATIVE for v in choices.ADVANTAGE},
-        "algorithm.loss_agg": {v: Support.NATIVE for v in choices.LOSS_AGG},
-        "algorithm.kl_estimator": {v: Support.NATIVE for v in choices.KL_ESTIMATORS},
-    },
-)
+#: The native backend computes every canonical value with the reference functions.
+CAPABILITIES = Capabilities(mode="engine", knobs=all_values())
 
 
 @dataclass

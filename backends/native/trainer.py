@@ -1,133 +1,249 @@
-"""Pure-PyTorch trainer: AdamW on an HF causal LM, losses from :mod:`unirl.algorithms`.
+"""Pure-PyTorch trainer: AdamW on HF models, every loss from :mod:`unirl.algorithms`.
 
-Gradient accumulation over micro-batches uses the step-global normaliser, so the update
-does not depend on ``trainer.micro_batch_size``.
+Models: ``policy`` (causal LM), ``reference`` (frozen copy of the policy taken when a stage
+that needs it starts), ``critic`` (token-value model for ``advantage=gae``) and
+``reward_model`` (sequence scorer for ``rm`` stages). Gradient accumulation over
+micro-batches uses the step-global normaliser, so an update does not depend on
+``trainer.micro_batch_size``.
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from unirl.algorithms.aggregation import step_normaliser
-from unirl.algorithms.objectives import grpo_objective, sft_objective
+from unirl.algorithms.objectives import (dpo_objective, policy_objective, reward_model_objective, sft_objective,
+                                         value_objective)
 from unirl.algorithms.policy_loss import sft_token_loss, token_entropy, token_logprobs
-from unirl.batch import RolloutBatch, SFTBatch
-from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
+from unirl.batch import PairBatch, RolloutBatch, SFTBatch
+from unirl.engine.needs import loss_norm_length, stage_needs
+from unirl.models.loading import load_causal_lm, load_scorer, load_tokenizer, save_hf_model
 from unirl.protocols import BuildContext
 
 
 class NativeTrainer:
     def __init__(self, ctx: BuildContext) -> None:
-        recipe = ctx.recipe
-        self.recipe = recipe
+        self.recipe = ctx.recipe
+        self.model_path = ctx.model_path
         self.tokenizer = ctx.tokenizer or load_tokenizer(ctx.model_path)
-        self.model = load_causal_lm(ctx.model_path, recipe.model.dtype)
-        self.model.train()
-        self.reference: torch.nn.Module | None = None
-        t = recipe.trainer
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                                           weight_decay=t.weight_decay)
+        self.models: dict[str, torch.nn.Module] = {"policy": load_causal_lm(ctx.model_path, self.recipe.model.dtype)}
+        self.models["policy"].train()
+        self.optimizers: dict[str, torch.optim.Optimizer] = {"policy": self._adamw(self.models["policy"])}
+        self.trained: set[str] = set()
 
-    # ------------------------------------------------------------------ steps
+    def _adamw(self, model: torch.nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
+        t = self.recipe.trainer
+        return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr or t.lr,
+                                 betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay)
+
+    # ------------------------------------------------------------------ models
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        return self.models["policy"]
+
+    def policy_module(self) -> torch.nn.Module:
+        return self.policy
+
+    def snapshot_reference(self) -> None:
+        ref = copy.deepcopy(self.policy).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        self.models["reference"] = ref
+
+    def _ensure_scorer(self, name: str, per_token: bool, lr: float) -> None:
+        if name not in self.models:
+            model = load_scorer(self.model_path, self.recipe.model.dtype, per_token=per_token,
+                                pad_token_id=self.tokenizer.pad_token_id)
+            model.train()
+            self.models[name] = model
+            self.optimizers[name] = self._adamw(model, lr)
+
+    def begin_stage(self, stage_type: str) -> None:
+        """Create what a stage needs, at its first step (a resumed stage restores it instead)."""
+        needs = stage_needs(self.recipe, stage_type)
+        if needs.reference:
+            self.snapshot_reference()
+        if needs.critic:
+            self._ensure_scorer("critic", True, self.recipe.algorithm.critic_lr)
+        if needs.reward_model:
+            self._ensure_scorer("reward_model", False, self.recipe.trainer.lr)
+
+    # ------------------------------------------------------------------ helpers
 
     def _micro_batches(self, n: int) -> list[slice]:
         size = self.recipe.trainer.micro_batch_size
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
-    def _finish_step(self, lr: float) -> float:
-        for group in self.optimizer.param_groups:
+    def _finish_step(self, name: str, lr: float) -> float:
+        optimizer, model = self.optimizers[name], self.models[name]
+        for group in optimizer.param_groups:
             group["lr"] = lr
+        params = [p for p in model.parameters() if p.grad is not None]
         clip = self.recipe.trainer.grad_clip
-        params = [p for p in self.model.parameters() if p.grad is not None]
         if clip is not None:
             norm = torch.nn.utils.clip_grad_norm_(params, clip)
         else:
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
         if not torch.isfinite(norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"gradient norm is {float(norm)}; the step was skipped, weights are unchanged")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"{name} gradient norm is {float(norm)}; the step was skipped, weights unchanged")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self.trained.add(name)
         return float(norm)
 
-    def sft_step(self, batch: SFTBatch, lr: float) -> dict[str, float]:
+    def _forward_logits(self, name: str, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        return self.models[name](input_ids=ids, attention_mask=attn).logits
+
+    # ------------------------------------------------------------------ language-model losses
+
+    def lm_step(self, batch: SFTBatch, lr: float) -> dict[str, float]:
+        """Token-mean NLL on ``batch.loss_mask`` (completion tokens for SFT, all tokens for CPT)."""
         mask = batch.loss_mask[:, 1:].float()
         n_tokens = float(mask.sum().clamp(min=1))
         total = 0.0
         for sl in self._micro_batches(len(batch)):
-            logits = self.model(input_ids=batch.input_ids[sl], attention_mask=batch.attention_mask[sl]).logits
+            logits = self._forward_logits("policy", batch.input_ids[sl], batch.attention_mask[sl])
             loss = sft_objective(nll=sft_token_loss(logits, batch.input_ids[sl]), mask=mask[sl], n_tokens=n_tokens)
             loss.backward()
             total += float(loss.detach())
-        norm = self._finish_step(lr)
-        return {"loss/sft": total, "grad/norm": norm, "lr": lr, "tokens/trained": n_tokens}
+        return {"loss/lm": total, "grad/norm": self._finish_step("policy", lr), "lr": lr, "tokens/trained": n_tokens}
+
+    # ------------------------------------------------------------------ preference losses
+
+    def _seq_logprob_sums(self, name: str, batch: SFTBatch, grad: bool) -> torch.Tensor:
+        out = []
+        mask = batch.loss_mask[:, 1:].float()
+        with torch.set_grad_enabled(grad):
+            for sl in self._micro_batches(len(batch)):
+                logits = self._forward_logits(name, batch.input_ids[sl], batch.attention_mask[sl])
+                out.append((token_logprobs(logits, batch.input_ids[sl]) * mask[sl]).sum(-1))
+        return torch.cat(out)
+
+    def dpo_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
+        """One DPO step; chosen and rejected sequences go through the model together."""
+        n = len(pairs)
+        both = pairs.sequences
+        ref = self._seq_logprob_sums("reference", both, grad=False)
+        pi = self._seq_logprob_sums("policy", both, grad=True)
+        loss, stats = dpo_objective(pi_c=pi[:n], pi_r=pi[n:], ref_c=ref[:n], ref_r=ref[n:], algo=self.recipe.algorithm,
+                                    n_pairs=float(n))
+        loss.backward()
+        row = {k: float(v) for k, v in stats.items()}
+        row.update({"grad/norm": self._finish_step("policy", lr), "lr": lr,
+                    "tokens/trained": float(both.loss_mask.sum())})
+        return row
+
+    def _scores(self, batch: SFTBatch) -> torch.Tensor:
+        out = [self.models["reward_model"](input_ids=batch.input_ids[sl], attention_mask=batch.attention_mask[sl])
+               .logits[:, 0] for sl in self._micro_batches(len(batch))]
+        return torch.cat(out)
+
+    def rm_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
+        n = len(pairs)
+        scores = self._scores(pairs.sequences)
+        loss, stats = reward_model_objective(r_c=scores[:n], r_r=scores[n:], n_pairs=float(n))
+        loss.backward()
+        row = {k: float(v) for k, v in stats.items()}
+        row.update({"grad/norm": self._finish_step("reward_model", lr), "lr": lr})
+        return row
+
+    # ------------------------------------------------------------------ RL
+
+    @torch.no_grad()
+    def _token_logprobs(self, name: str, batch: RolloutBatch) -> torch.Tensor:
+        return torch.cat([token_logprobs(self._forward_logits(name, batch.input_ids[sl], batch.attention_mask[sl]),
+                                         batch.input_ids[sl]) for sl in self._micro_batches(len(batch))])
+
+    def logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """Per-token log-probs [B, T-1] of the current policy (the behaviour policy of a batch)."""
+        return self._token_logprobs("policy", batch)
+
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+        return self._token_logprobs("reference", batch) if "reference" in self.models else None
+
+    def _values(self, batch: RolloutBatch, sl: slice) -> torch.Tensor:
+        # value of the state before target token t sits at position t - 1: [B, T-1]
+        return self.models["critic"](input_ids=batch.input_ids[sl], attention_mask=batch.attention_mask[sl]
+                                     ).logits[:, :-1, 0].float()
+
+    @torch.no_grad()
+    def values(self, batch: RolloutBatch) -> torch.Tensor:
+        return torch.cat([self._values(batch, sl) for sl in self._micro_batches(len(batch))])
 
     def policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
         if batch.advantages is None:
             raise ValueError("policy_step needs batch.advantages")
         algo = self.recipe.algorithm
         mask = batch.response_mask[:, 1:].float()
-        normaliser = step_normaliser(mask, algo.loss_agg)
+        normaliser = step_normaliser(mask, algo.loss_agg, norm_length=loss_norm_length(self.recipe))
         n_tokens = float(mask.sum().clamp(min=1))
         sums: dict[str, float] = {}
         for sl in self._micro_batches(len(batch)):
             ids = batch.input_ids[sl]
-            logits = self.model(input_ids=ids, attention_mask=batch.attention_mask[sl]).logits
+            logits = self._forward_logits("policy", ids, batch.attention_mask[sl])
             logp = token_logprobs(logits, ids)
             with torch.no_grad():
                 entropy = token_entropy(logits)
+            # Without stored behaviour log-probs the batch is on-policy: old = current (ratio 1).
+            old = batch.old_logprobs[sl] if batch.old_logprobs is not None else logp.detach()
             ref = batch.ref_logprobs[sl] if batch.ref_logprobs is not None else None
-            # One optimizer step per rollout batch: the behaviour policy is the current one,
-            # so old log-probs equal the current ones (ratio 1; the clip is inactive by design).
-            loss, stats = grpo_objective(logp=logp, old_logp=logp.detach(), ref_logp=ref,
-                                         advantages=batch.advantages[sl], mask=mask[sl], entropy=entropy,
-                                         algo=algo, normaliser=normaliser, n_tokens=n_tokens)
+            loss, stats = policy_objective(logp=logp, old_logp=old, ref_logp=ref, advantages=batch.advantages[sl],
+                                           mask=mask[sl], entropy=entropy, algo=algo, normaliser=normaliser,
+                                           n_tokens=n_tokens)
             loss.backward()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
-        sums["grad/norm"] = self._finish_step(lr)
-        sums["lr"] = lr
-        sums["tokens/trained"] = n_tokens
+        sums.update({"grad/norm": self._finish_step("policy", lr), "lr": lr, "tokens/trained": n_tokens})
         return sums
 
-    @torch.no_grad()
-    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
-        if self.reference is None:
-            return None
-        out = []
+    def critic_step(self, batch: RolloutBatch) -> dict[str, float]:
+        algo = self.recipe.algorithm
+        mask = batch.response_mask[:, 1:].float()
+        n_tokens = float(mask.sum().clamp(min=1))
+        sums: dict[str, float] = {}
         for sl in self._micro_batches(len(batch)):
-            ids = batch.input_ids[sl]
-            out.append(token_logprobs(self.reference(input_ids=ids, attention_mask=batch.attention_mask[sl]).logits,
-                                      ids))
-        return torch.cat(out)
-
-    def snapshot_reference(self) -> None:
-        self.reference = copy.deepcopy(self.model).eval()
-        for p in self.reference.parameters():
-            p.requires_grad_(False)
-
-    def policy_module(self) -> torch.nn.Module:
-        return self.model
+            loss, stats = value_objective(values=self._values(batch, sl), old_values=batch.values[sl],
+                                          returns=batch.returns[sl], mask=mask[sl], clip=algo.value_clip,
+                                          n_tokens=n_tokens)
+            loss.backward()
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        sums["critic/grad_norm"] = self._finish_step("critic", algo.critic_lr)
+        return sums
 
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"policy": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-        if self.reference is not None:
-            state["reference"] = self.reference.state_dict()
-        return state
+        return {"models": {k: m.state_dict() for k, m in self.models.items()},
+                "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
+                "trained": sorted(self.trained)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if "reference" in state:
+        models = state["models"]
+        if "reference" in models:
             self.snapshot_reference()
-            self.reference.load_state_dict(state["reference"])
-        else:
-            self.reference = None
+        if "critic" in models:
+            self._ensure_scorer("critic", True, self.recipe.algorithm.critic_lr)
+        if "reward_model" in models:
+            self._ensure_scorer("reward_model", False, self.recipe.trainer.lr)
+        for name, sd in models.items():
+            self.models[name].load_state_dict(sd)
+        for name, sd in state["optimizers"].items():
+            self.optimizers[name].load_state_dict(sd)
+        self.trained = set(state["trained"])
 
-    def export(self, path: str) -> None:
-        save_hf_model(self.model, self.tokenizer, path)
+    def export(self, run_dir: str) -> dict[str, str]:
+        """The policy to ``model/`` and any trained critic / reward model to ``critic/`` / ``reward_model/``."""
+        out = {}
+        for name, folder in (("policy", "model"), ("critic", "critic"), ("reward_model", "reward_model")):
+            if name in self.trained or (name == "policy" and not self.trained):
+                path = str(Path(run_dir) / folder)
+                save_hf_model(self.models[name], self.tokenizer, path)
+                out[name] = path
+        return out

@@ -6,6 +6,8 @@ With ``log_ratio = logp - ref_logp`` (tokens sampled from the policy):
 - ``k2 = 0.5 * log_ratio**2``;
 - ``k3 = exp(-log_ratio) - 1 + log_ratio`` (unbiased for KL(pi || ref), always >= 0;
   Schulman's "approximating KL divergence").
+
+``clamp`` (optional) clips the estimate to ``[-clamp, clamp]`` after it is computed.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ from __future__ import annotations
 import torch
 
 
-def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str, *,
+                clamp: float | None = None) -> torch.Tensor:
     """Elementwise KL estimate; same shape as the inputs."""
     log_ratio = logp - ref_logp
     if estimator == "k1":
-        return log_ratio
-    if estimator == "k2":
-        return 0.5 * log_ratio.square()
-    if estimator == "k3":
-        return torch.exp(-log_ratio) - 1.0 + log_ratio
-    raise ValueError(f"unknown KL estimator {estimator!r}; allowed: k1, k2, k3")
+        kl = log_ratio
+    elif estimator == "k2":
+        kl = 0.5 * log_ratio.square()
+    elif estimator == "k3":
+        kl = torch.exp(-log_ratio) - 1.0 + log_ratio
+    else:
+        raise ValueError(f"unknown KL estimator {estimator!r}; allowed: k1, k2, k3")
+    return kl if clamp is None else kl.clamp(-clamp, clamp)

@@ -1,7 +1,8 @@
 """Recipe objectives assembled from the reference pieces, per micro-batch.
 
-Every function returns this micro-batch's share of the optimizer step's loss (so the
-shares sum to the full-batch loss) and the share of each logged statistic.
+Each function returns this micro-batch's share of the optimizer step's loss (the shares
+sum to the full-batch loss, given the step-global normaliser) and the share of each logged
+statistic.
 """
 
 from __future__ import annotations
@@ -12,39 +13,67 @@ import torch
 
 from unirl.algorithms.aggregation import aggregate_loss
 from unirl.algorithms.kl import kl_estimate
-from unirl.algorithms.policy_loss import clipped_policy_loss
+from unirl.algorithms.policy_loss import clipped_policy_loss, clipped_value_loss
+from unirl.algorithms.preference import dpo_loss, pairwise_reward_loss
 
 
-def grpo_objective(*, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
-                   advantages: torch.Tensor, mask: torch.Tensor, entropy: torch.Tensor | None, algo: Any,
-                   normaliser: float, n_tokens: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped policy loss + ``kl_coef`` x KL (in the loss) - ``entropy_coef`` x entropy.
+def policy_objective(*, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
+                     advantages: torch.Tensor, mask: torch.Tensor, entropy: torch.Tensor | None, algo: Any,
+                     normaliser: float, n_tokens: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped policy loss + ``kl_loss_coef`` x KL (in the loss) - ``entropy_coef`` x entropy.
 
-    Token tensors are [B, T-1] aligned to targets; ``advantages`` is [B] (outcome advantage,
-    the same for every response token). ``normaliser`` is the step-global normaliser of
-    ``algo.loss_agg``; ``n_tokens`` the step-global response-token count used for the
-    token-mean statistics.
+    Token tensors are [B, L] aligned to targets, ``advantages`` included. ``normaliser`` is
+    the step-global normaliser of ``algo.loss_agg``; ``n_tokens`` the step-global response
+    token count used for the token-mean statistics (kl/mean, clip/frac, entropy/mean).
     """
-    adv = advantages.unsqueeze(-1).to(logp.dtype).expand_as(logp)
-    pg_mat, clipped = clipped_policy_loss(logp, old_logp, adv, clip_low=algo.clip_low, clip_high=algo.clip_high)
+    pg_mat, clipped = clipped_policy_loss(logp, old_logp, advantages, clip_low=algo.clip_low,
+                                          clip_high=algo.clip_high, dual_clip=algo.dual_clip)
     pg_loss = aggregate_loss(pg_mat, mask, algo.loss_agg, normaliser=normaliser)
     total = pg_loss
     stats = {"loss/policy": pg_loss.detach(), "clip/frac": (clipped * mask).sum() / n_tokens}
     if ref_logp is not None:
-        kl_mat = kl_estimate(logp, ref_logp, algo.kl_estimator)
+        kl_mat = kl_estimate(logp, ref_logp, algo.kl_loss_estimator, clamp=algo.kl_clamp)
         kl_loss = aggregate_loss(kl_mat, mask, algo.loss_agg, normaliser=normaliser)
-        total = total + algo.kl_coef * kl_loss
-        stats["loss/kl"] = kl_loss.detach()
+        if algo.kl_loss_coef:
+            total = total + algo.kl_loss_coef * kl_loss
+            stats["loss/kl"] = kl_loss.detach()
         stats["kl/mean"] = ((kl_mat * mask).sum() / n_tokens).detach()
     if entropy is not None:
-        ent_loss = aggregate_loss(entropy, mask, algo.loss_agg, normaliser=normaliser)
         if algo.entropy_coef:
-            total = total - algo.entropy_coef * ent_loss
+            total = total - algo.entropy_coef * aggregate_loss(entropy, mask, algo.loss_agg, normaliser=normaliser)
         stats["entropy/mean"] = ((entropy * mask).sum() / n_tokens).detach()
     stats["loss/total"] = total.detach()
     return total, stats
 
 
+def value_objective(*, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                    clip: float | None, n_tokens: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Token-mean clipped value loss over the step's response tokens."""
+    mat, clipped = clipped_value_loss(values, old_values, returns, clip=clip)
+    loss = aggregate_loss(mat, mask, "token_mean", normaliser=n_tokens)
+    return loss, {"loss/value": loss.detach(), "value/clip_frac": (clipped * mask).sum() / n_tokens,
+                  "value/mean": ((values * mask).sum() / n_tokens).detach()}
+
+
 def sft_objective(*, nll: torch.Tensor, mask: torch.Tensor, n_tokens: float) -> torch.Tensor:
-    """Token-mean negative log-likelihood over the step's completion tokens."""
+    """Token-mean negative log-likelihood over the step's trained tokens (SFT and CPT)."""
     return aggregate_loss(nll, mask, "token_mean", normaliser=n_tokens)
+
+
+def dpo_objective(*, pi_c: torch.Tensor, pi_r: torch.Tensor, ref_c: torch.Tensor, ref_r: torch.Tensor, algo: Any,
+                  n_pairs: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Mean DPO loss over the step's pairs, with reward and accuracy statistics."""
+    losses, rc, rr = dpo_loss(pi_c, pi_r, ref_c, ref_r, beta=algo.beta, loss_type=algo.dpo_loss,
+                              label_smoothing=algo.label_smoothing)
+    loss = losses.sum() / n_pairs
+    return loss, {"loss/dpo": loss.detach(), "rewards/chosen": rc.sum() / n_pairs,
+                  "rewards/rejected": rr.sum() / n_pairs, "rewards/margin": (rc - rr).sum() / n_pairs,
+                  "rewards/accuracy": (rc > rr).float().sum() / n_pairs}
+
+
+def reward_model_objective(*, r_c: torch.Tensor, r_r: torch.Tensor, n_pairs: float,
+                           ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Mean Bradley-Terry loss over the step's pairs."""
+    loss = pairwise_reward_loss(r_c, r_r).sum() / n_pairs
+    return loss, {"loss/rm": loss.detach(), "rm/accuracy": (r_c > r_r).float().sum() / n_pairs,
+                  "rm/margin": (r_c - r_r).detach().sum() / n_pairs}

@@ -1,4 +1,4 @@
-"""PPO-style clipped policy loss and the token-level helpers it needs."""
+"""PPO-style policy and value losses and the token-level helpers they need."""
 
 from __future__ import annotations
 
@@ -18,19 +18,39 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, *,
-                        clip_low: float, clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+                        clip_low: float, clip_high: float, dual_clip: float | None = None,
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token PPO surrogate ``-min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A)``.
 
-    ``r = exp(logp - old_logp)``. Inputs [B, T] (advantages broadcast per token). Returns the
-    loss matrix and a 0/1 matrix marking tokens where the clipped term was the one used
-    (the gradient is zero there), for the ``clip/frac`` metric.
+    ``r = exp(logp - old_logp)``. With ``dual_clip = c`` (> 1), tokens with ``A < 0`` have
+    their loss capped at ``-c * A`` (dual-clip PPO), bounding the update when ``r`` is large.
+    Inputs [B, L] (advantages already per token). Returns the loss matrix and a 0/1 matrix
+    marking tokens where a clip bound was the active term (zero gradient there).
     """
     ratio = torch.exp(logp - old_logp)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    loss = -torch.minimum(unclipped, clipped)
-    was_clipped = (clipped < unclipped).to(logp.dtype)
-    return loss, was_clipped
+    unclipped = -ratio * advantages
+    clipped = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    loss = torch.maximum(unclipped, clipped)
+    was_clipped = clipped > unclipped
+    if dual_clip is not None:
+        cap = -dual_clip * advantages
+        capped = (advantages < 0) & (loss > cap)
+        loss = torch.where(capped, cap, loss)
+        was_clipped = was_clipped | capped
+    return loss, was_clipped.to(logp.dtype)
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, *,
+                       clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token value loss ``0.5 * max((V - R)^2, (V_clip - R)^2)``,
+    ``V_clip = V_old + clamp(V - V_old, -clip, clip)``; ``0.5 * (V - R)^2`` when ``clip`` is None.
+    Returns the loss matrix and a 0/1 matrix of tokens where the clipped term was used."""
+    sq = (values - returns).square()
+    if clip is None:
+        return 0.5 * sq, torch.zeros_like(sq)
+    v_clip = old_values + torch.clamp(values - old_values, -clip, clip)
+    sq_clip = (v_clip - returns).square()
+    return 0.5 * torch.maximum(sq, sq_clip), (sq_clip > sq).to(values.dtype)
 
 
 def sft_token_loss(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

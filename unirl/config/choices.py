@@ -1,14 +1,19 @@
 """Allowed values of the recipe's enumerated knobs, in one place and without heavy imports.
 
-Each name has exactly one meaning, written out in ``docs/architecture.md`` (and, as the
-algorithm catalogue grows, ``docs/semantics.md``).
+Each name has exactly one meaning, written out with its formula in ``docs/semantics.md``.
 """
 
 from __future__ import annotations
 
-STAGE_TYPES = ("sft", "grpo")
+#: sft: completion tokens of (prompt, completion); cpt: every token of raw text;
+#: dpo: preference pairs against a frozen reference; rm: pairwise reward-model training;
+#: rl: on-policy RL (rollout, reward, advantage from ``algorithm.advantage``, policy update).
+STAGE_TYPES = ("sft", "cpt", "dpo", "rm", "rl")
 RESUME = ("never", "auto")
-ADVANTAGE = ("grpo",)
-LOSS_AGG = ("token_mean", "seq_mean_token_mean")
+ADVANTAGE = ("gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+#: estimators that compare samples of the same prompt and so need algorithm.group_size >= 2
+GROUP_ADVANTAGES = ("grpo", "rloo", "reinforce_pp_baseline")
+LOSS_AGG = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+DPO_LOSSES = ("sigmoid", "ipo")
 DTYPES = ("float32", "bfloat16", "float16")

@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
-from unirl.capabilities import Support, recipe_knob_values
+from unirl.capabilities import Support, recipe_knobs
 from unirl.config import choices
 from unirl.config.schema import COMPONENT_SECTIONS, RecipeConfig
 from unirl.errors import CapabilityError, ConfigError, did_you_mean
@@ -206,18 +206,35 @@ def _at_least(key: str, value: Any, low: float, *, strict: bool = False) -> None
 
 
 def _check_values(cfg: Any) -> None:
+    a = cfg.algorithm
     _one_of("resume", cfg.resume, choices.RESUME)
     _one_of("model.dtype", cfg.model.dtype, choices.DTYPES)
-    _one_of("algorithm.advantage", cfg.algorithm.advantage, choices.ADVANTAGE)
-    _one_of("algorithm.loss_agg", cfg.algorithm.loss_agg, choices.LOSS_AGG)
-    _one_of("algorithm.kl_estimator", cfg.algorithm.kl_estimator, choices.KL_ESTIMATORS)
+    _one_of("algorithm.advantage", a.advantage, choices.ADVANTAGE)
+    _one_of("algorithm.loss_agg", a.loss_agg, choices.LOSS_AGG)
+    _one_of("algorithm.kl_loss_estimator", a.kl_loss_estimator, choices.KL_ESTIMATORS)
+    _one_of("algorithm.kl_reward_estimator", a.kl_reward_estimator, choices.KL_ESTIMATORS)
+    _one_of("algorithm.dpo_loss", a.dpo_loss, choices.DPO_LOSSES)
     _at_least("trainer.lr", cfg.trainer.lr, 0, strict=True)
     _at_least("trainer.micro_batch_size", cfg.trainer.micro_batch_size, 1)
     _at_least("trainer.grad_clip", cfg.trainer.grad_clip, 0, strict=True)
-    _at_least("algorithm.group_size", cfg.algorithm.group_size, 2)
-    _at_least("algorithm.kl_coef", cfg.algorithm.kl_coef, 0)
-    _at_least("algorithm.clip_low", cfg.algorithm.clip_low, 0)
-    _at_least("algorithm.clip_high", cfg.algorithm.clip_high, 0)
+    _at_least("algorithm.group_size", a.group_size, 2 if a.advantage in choices.GROUP_ADVANTAGES else 1)
+    _at_least("algorithm.adv_eps", a.adv_eps, 0)
+    for key in ("kl_loss_coef", "kl_reward_coef", "clip_low", "clip_high", "entropy_coef", "lam", "gamma",
+                "label_smoothing"):
+        _at_least(f"algorithm.{key}", a[key], 0)
+    for key in ("kl_clamp", "value_clip", "beta", "critic_lr"):
+        _at_least(f"algorithm.{key}", a[key], 0, strict=True)
+    _at_least("algorithm.dual_clip", a.dual_clip, 1, strict=True)
+    _at_least("algorithm.loss_norm_length", a.loss_norm_length, 1)
+    _at_least("algorithm.ppo_epochs", a.ppo_epochs, 1)
+    _at_least("algorithm.mini_batches", a.mini_batches, 1)
+    if a.gamma > 1 or a.lam > 1:
+        key = "algorithm.gamma" if a.gamma > 1 else "algorithm.lam"
+        raise ConfigError(f"{key}={a[key.split('.')[1]]!r} is out of range: it must be in [0, 1].", key=key,
+                          value=a[key.split('.')[1]])
+    if a.label_smoothing >= 0.5:
+        raise ConfigError(f"algorithm.label_smoothing={a.label_smoothing!r} is out of range: it must be in "
+                          f"[0, 0.5).", key="algorithm.label_smoothing", value=a.label_smoothing)
     _at_least("checkpoint.every", cfg.checkpoint.every, 0)
     _at_least("checkpoint.keep", cfg.checkpoint.keep, 1)
     _at_least("run.stop_after", cfg.run.stop_after, 1)
@@ -229,6 +246,11 @@ def _check_values(cfg: Any) -> None:
         _at_least(f"stages.{i}.steps", stage.steps, 1)
         _at_least(f"stages.{i}.batch_size", stage.batch_size, 1)
         _at_least(f"stages.{i}.lr", stage.lr, 0, strict=True)
+        if stage.type == "rl" and (stage.batch_size * a.group_size) % a.mini_batches:
+            raise ConfigError(
+                f"algorithm.mini_batches={a.mini_batches} does not divide stages.{i}.batch_size x "
+                f"algorithm.group_size = {stage.batch_size * a.group_size} sequences; pick a divisor.",
+                key="algorithm.mini_batches", value=a.mini_batches)
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", stage.name):
             raise ConfigError(f"stages.{i}.name={stage.name!r}: use letters, digits, '_', '-' or '.' only "
                               f"(it names checkpoint folders).", key=f"stages.{i}.name", value=stage.name)
@@ -280,11 +302,11 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
     caps = backend_reg.capabilities
     if caps is None:
         return
-    for key, value in recipe_knob_values(cfg, caps.knobs.keys()):
+    for key, value, shown in recipe_knobs(cfg):
         if caps.support(key, value) is Support.UNSUPPORTED:
             others = [r.name for r in registry.entries["backend"].values()
                       if r.capabilities is not None and r.capabilities.support(key, value) is not Support.UNSUPPORTED]
-            raise CapabilityError(backend=backend_reg.name, key=key, value=value, supported_by=others)
+            raise CapabilityError(backend=backend_reg.name, key=key, value=shown, supported_by=others)
 
 
 def _looks_like_hub_id(path: str) -> bool:

@@ -57,18 +57,39 @@ class TrainerSection:
 
 @dataclass
 class AlgorithmSection:
-    """RL knobs, canonical meanings (see docs/architecture.md)."""
+    """Algorithm knobs with one canonical meaning each (formulas: docs/semantics.md)."""
 
+    # rollout grouping and advantage
     group_size: int = 8  # completions sampled per prompt
-    advantage: str = "grpo"
-    norm_adv_by_std: bool = True  # divide by the group's unbiased std (+ adv_eps)
+    advantage: str = "grpo"  # gae | grpo | rloo | reinforce_pp | reinforce_pp_baseline
+    norm_adv_by_std: bool = True  # grpo: divide by the group's unbiased std (+ adv_eps)
     adv_eps: float = 1e-6
+    gamma: float = 1.0  # gae, reinforce_pp: discount
+    lam: float = 1.0  # gae: lambda
+    whiten_advantages: bool = True  # gae: whiten advantages over the batch's response tokens
+    # policy loss
     loss_agg: str = "token_mean"
+    loss_norm_length: Optional[int] = None  # seq_mean_token_sum_norm; null = rollout.max_new_tokens
     clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.2
-    kl_coef: float = 0.0  # coefficient of the KL-to-reference term in the loss; 0 disables
-    kl_estimator: str = "k3"
+    dual_clip: Optional[float] = None  # c > 1 caps the loss of A < 0 tokens at -c * A; null = off
     entropy_coef: float = 0.0
+    # KL to the reference (the policy frozen when the stage starts); each placement has its coefficient
+    kl_loss_coef: float = 0.0  # KL term added to the loss
+    kl_loss_estimator: str = "k3"
+    kl_reward_coef: float = 0.0  # KL penalty subtracted from the per-token reward
+    kl_reward_estimator: str = "k1"
+    kl_clamp: Optional[float] = None  # clamp each KL estimate to [-c, c]; null = no clamp
+    # updates per rollout batch
+    ppo_epochs: int = 1  # passes over each rollout batch
+    mini_batches: int = 1  # optimizer steps per pass (the batch is split evenly)
+    # critic (advantage=gae)
+    value_clip: Optional[float] = 0.2  # null = unclipped value loss
+    critic_lr: float = 1e-3
+    # preference (dpo stages)
+    beta: float = 0.1
+    dpo_loss: str = "sigmoid"  # sigmoid | ipo
+    label_smoothing: float = 0.0
 
 
 @dataclass
@@ -76,7 +97,7 @@ class StageSection:
     name: str = MISSING
     type: str = MISSING  # one of unirl.config.choices.STAGE_TYPES
     steps: int = MISSING  # optimizer steps in this stage
-    batch_size: int = 16  # sft: examples per step; grpo: prompts per step (x group_size sequences)
+    batch_size: int = 16  # sft/cpt: texts per step; dpo/rm: pairs per step; rl: prompts (x group_size)
     lr: Optional[float] = None  # overrides trainer.lr in this stage
 
 

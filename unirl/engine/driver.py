@@ -21,7 +21,7 @@ from unirl.errors import ConfigError, RunError, UnirlError
 
 #: Keys that may differ between a run and its resumption (they steer the process, not the math).
 RESUME_FREE_KEYS = {"resume", "run.stop_after", "run.overwrite", "run.log_every", "run.threads"}
-_OWNED = ("config.yaml", "metrics.jsonl", "checkpoints", "model", "base_model", "run.json")
+_OWNED = ("config.yaml", "metrics.jsonl", "checkpoints", "model", "critic", "reward_model", "base_model", "run.json")
 
 
 def _flat(cfg: Any) -> dict[str, Any]:
@@ -117,7 +117,7 @@ class Driver:
         import torch
 
         from unirl.checkpoint import load_checkpoint, save_checkpoint
-        from unirl.engine.stages import RL_STAGES, STEP_FUNCTIONS
+        from unirl.engine.stages import STEP_FUNCTIONS
         from unirl.progress import StageProgress
 
         recipe = self.recipe
@@ -147,12 +147,12 @@ class Driver:
             return save_checkpoint(run_dir, global_step=state["global_step"], trainer_state=parts.trainer.state_dict(),
                                    state=snapshot, buffer_state=parts.buffer.state_dict(), keep=recipe.checkpoint.keep)
 
-        status, stage, t_start = "completed", None, time.perf_counter()
+        status, stage, t_start, exported = "completed", None, time.perf_counter(), {}
         try:
             while state["stage_index"] < len(recipe.stages):
                 stage = recipe.stages[state["stage_index"]]
-                if state["stage_step"] == 0 and stage.type in RL_STAGES and recipe.algorithm.kl_coef > 0:
-                    parts.trainer.snapshot_reference()
+                if state["stage_step"] == 0:
+                    parts.trainer.begin_stage(stage.type)
                 lr = stage.lr if stage.lr is not None else recipe.trainer.lr
                 bar = StageProgress(self.console, stage.name, stage.steps, state["stage_step"], recipe.run.log_every)
                 try:
@@ -187,7 +187,7 @@ class Driver:
                     status = "stopped"
                     break
             if status == "completed":
-                parts.trainer.export(str(run_dir / "model"))
+                exported = parts.trainer.export(str(run_dir))
         except (UnirlError, KeyboardInterrupt):
             status = "failed"
             raise
@@ -199,7 +199,8 @@ class Driver:
         finally:
             writer.close()
             summary = {"status": status, "global_step": state["global_step"], "stage_index": state["stage_index"],
-                       "stage_step": state["stage_step"], "wall_s": round(time.perf_counter() - t_start, 3)}
+                       "stage_step": state["stage_step"], "wall_s": round(time.perf_counter() - t_start, 3),
+                       "exported": exported}
             (run_dir / "run.json").write_text(json.dumps(summary, indent=1))
             self.host.hook.unirl_run_end(run_dir=str(run_dir), status=status)
         return {**summary, "run_dir": str(run_dir)}

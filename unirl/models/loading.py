@@ -53,3 +53,23 @@ def save_hf_model(model: Any, tokenizer: Any, path: str | Path) -> None:
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
+
+
+def load_scorer(path: str, dtype: str = "float32", *, per_token: bool, pad_token_id: int | None) -> Any:
+    """A scalar head on the model's backbone: per token (critic) or per sequence (reward model).
+
+    The head is newly initialised (from the torch RNG); dropout in the head is off so that
+    rollout-time and train-time values agree.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    quiet_transformers()
+    cls = AutoModelForTokenClassification if per_token else AutoModelForSequenceClassification
+    try:
+        config = AutoConfig.from_pretrained(path, num_labels=1, pad_token_id=pad_token_id)
+        config.classifier_dropout = 0.0  # read by the token-classification head
+        return cls.from_pretrained(path, config=config, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+    except Exception as exc:  # noqa: BLE001
+        raise RunError(f"could not build a {'critic' if per_token else 'reward model'} on model.path={path!r}: "
+                       f"{type(exc).__name__}: {exc}") from exc

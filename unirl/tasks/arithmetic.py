@@ -34,7 +34,8 @@ class ArithmeticTaskConfig:
 
 
 class ArithmeticTask:
-    """``a<op>b=`` prompts with integer answers; the SFT completion is the answer."""
+    """``a<op>b=`` prompts with integer answers. The SFT (and chosen) completion is the answer;
+    the rejected completion, for preference stages, is the answer off by 1 to 3."""
 
     def __init__(self, config: ArithmeticTaskConfig, ctx: Any) -> None:
         self.config = config
@@ -47,8 +48,9 @@ class ArithmeticTask:
             a = self._rng.randint(c.min_operand, c.max_operand)
             b = self._rng.randint(c.min_operand, c.max_operand)
             op = self._rng.choice(c.ops)
-            answer = str(_OPS[op](a, b))
-            out.append(Example(prompt=f"{a}{op}{b}=", answer=answer, completion=answer))
+            value = _OPS[op](a, b)
+            wrong = value + self._rng.choice((-3, -2, -1, 1, 2, 3))
+            out.append(Example(prompt=f"{a}{op}{b}=", answer=str(value), completion=str(value), rejected=str(wrong)))
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,126 @@
+"""The native trainer's updates: micro-batching never changes the gradient, for every loss."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from unirl.algorithms.advantages import compute_advantages
+from unirl.batch import RolloutBatch
+from unirl.config import load_recipe
+from unirl.config import choices
+from unirl.engine.collate import pair_batch, sft_batch
+from unirl.models.loading import load_tokenizer
+from unirl.protocols import BuildContext, Example
+from unirl_backends.native.trainer import NativeTrainer
+from tests.conftest import DEMO
+
+
+def _trainer(tiny_model_dir, *overrides: str) -> NativeTrainer:
+    recipe = load_recipe(DEMO, [f"model.path={tiny_model_dir}", *overrides])
+    torch.manual_seed(0)
+    return NativeTrainer(BuildContext(recipe=recipe, run_dir="", model_path=str(tiny_model_dir),
+                                      tokenizer=load_tokenizer(str(tiny_model_dir))))
+
+
+def _capture(trainer: NativeTrainer, call) -> dict[str, torch.Tensor]:
+    """Run ``call`` and return the gradients the optimizer would apply (no step is taken)."""
+    grads: dict[str, torch.Tensor] = {}
+
+    def finish(name, lr):
+        for pname, p in trainer.models[name].named_parameters():
+            if p.grad is not None:
+                grads[f"{name}.{pname}"] = p.grad.detach().clone()
+                p.grad = None
+        return 0.0
+
+    trainer._finish_step = finish
+    call()
+    return grads
+
+
+def _rollout(trainer: NativeTrainer, n: int = 8) -> RolloutBatch:
+    g = torch.Generator().manual_seed(1)
+    p_len, r_len = 4, 5
+    ids = torch.randint(2, 200, (n, p_len + r_len), generator=g)
+    resp = torch.zeros(n, p_len + r_len, dtype=torch.long)
+    lengths = [1, 5, 3, 2, 5, 4, 1, 3][:n]
+    for i, L in enumerate(lengths):
+        resp[i, p_len:p_len + L] = 1
+    attn = torch.ones_like(resp)
+    attn[:, p_len:] = resp[:, p_len:]
+    attn[0, 0] = 0  # a left-padded prompt
+    batch = RolloutBatch(input_ids=ids, attention_mask=attn, response_mask=resp,
+                         group_index=torch.arange(n) // 4, prompt_len=p_len,
+                         rewards=torch.rand(n, generator=g))
+    mask = resp[:, 1:].float()
+    batch.old_logprobs = trainer.logprobs(batch) + 0.1 * torch.randn(n, p_len + r_len - 1, generator=g) * mask
+    batch.ref_logprobs = batch.old_logprobs - 0.05
+    if trainer.recipe.algorithm.advantage == "gae":
+        batch.values = trainer.values(batch)
+    batch.advantages, batch.returns = compute_advantages(trainer.recipe.algorithm, scores=batch.rewards, mask=mask,
+                                                         group_index=batch.group_index, values=batch.values)
+    return batch
+
+
+def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys() and a
+    err = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert err < 1e-6, err
+    assert max(v.abs().max().item() for v in a.values()) > 1e-4  # the gradient is not trivially zero
+    return err
+
+
+@pytest.mark.parametrize("loss_agg", choices.LOSS_AGG)
+def test_policy_gradient_is_micro_batch_invariant(tiny_model_dir, loss_agg):
+    common = (f"algorithm.loss_agg={loss_agg}", "algorithm.kl_loss_coef=0.1", "algorithm.entropy_coef=0.01",
+              "algorithm.dual_clip=3.0")
+    grads = []
+    for mbs in (8, 2):
+        trainer = _trainer(tiny_model_dir, *common, f"trainer.micro_batch_size={mbs}")
+        batch = _rollout(trainer)
+        grads.append(_capture(trainer, lambda: trainer.policy_step(batch, 1e-3)))
+    _assert_same(*grads)
+
+
+def test_lm_dpo_and_rm_gradients_are_micro_batch_invariant(tiny_model_dir):
+    examples = [Example(prompt=f"{a}+{a}=", answer=str(2 * a), completion=str(2 * a), rejected=str(2 * a + 1))
+                for a in range(8)]
+    for method, needs in (("lm", None), ("dpo", "dpo"), ("rm", "rm")):
+        grads = []
+        for mbs in (16, 3):
+            trainer = _trainer(tiny_model_dir, f"trainer.micro_batch_size={mbs}")
+            if needs:
+                trainer.begin_stage(needs)
+            tok = trainer.tokenizer
+            if method == "lm":
+                batch = sft_batch(tok, examples)
+                grads.append(_capture(trainer, lambda: trainer.lm_step(batch, 1e-3)))
+            else:
+                pairs = pair_batch(tok, examples)
+                grads.append(_capture(trainer, lambda: getattr(trainer, f"{method}_step")(pairs, 1e-3)))
+        _assert_same(*grads)
+
+
+def test_critic_gradient_is_micro_batch_invariant(tiny_model_dir):
+    grads = []
+    for mbs in (8, 2):
+        trainer = _trainer(tiny_model_dir, "algorithm.advantage=gae", "algorithm.group_size=1",
+                           f"trainer.micro_batch_size={mbs}")
+        trainer.begin_stage("rl")
+        batch = _rollout(trainer)
+        grads.append(_capture(trainer, lambda: trainer.critic_step(batch)))
+    assert all(k.startswith("critic.") for k in grads[0])
+    _assert_same(*grads)
+
+
+def test_on_policy_step_matches_explicit_old_logprobs(tiny_model_dir):
+    """old_logprobs=None means "the current policy": same gradient as passing them explicitly."""
+    trainer = _trainer(tiny_model_dir)
+    batch = _rollout(trainer)
+    batch.ref_logprobs = None
+    explicit = trainer.logprobs(batch)
+    batch.old_logprobs = None
+    implicit_grads = _capture(trainer, lambda: trainer.policy_step(batch, 1e-3))
+    batch.old_logprobs = explicit
+    _assert_same(implicit_grads, _capture(trainer, lambda: trainer.policy_step(batch, 1e-3)))

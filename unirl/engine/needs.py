@@ -1,0 +1,29 @@
+"""What a stage needs besides the policy, derived from the recipe in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StageNeeds:
+    reference: bool  # a frozen copy of the policy (KL, DPO)
+    critic: bool  # a token-value model (advantage=gae)
+    reward_model: bool  # a sequence scorer being trained (rm stage)
+
+
+def stage_needs(recipe: Any, stage_type: str) -> StageNeeds:
+    a = recipe.algorithm
+    rl = stage_type == "rl"
+    return StageNeeds(
+        reference=stage_type == "dpo" or (rl and (a.kl_loss_coef > 0 or a.kl_reward_coef > 0)),
+        critic=rl and a.advantage == "gae",
+        reward_model=stage_type == "rm",
+    )
+
+
+def loss_norm_length(recipe: Any) -> int | None:
+    """``L_norm`` of ``seq_mean_token_sum_norm``: ``algorithm.loss_norm_length`` or the rollout's
+    ``max_new_tokens``."""
+    return recipe.algorithm.loss_norm_length or recipe.rollout.get("max_new_tokens")
