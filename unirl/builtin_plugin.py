@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from unirl import hookimpl
 from unirl.tasks.arithmetic import ArithmeticRewardConfig, ArithmeticTaskConfig
+from unirl.tasks.text_file import TextFileTaskConfig
 
 
 @hookimpl
 def unirl_register_tasks(register):
     register("arithmetic", "unirl.tasks.arithmetic:ArithmeticTask", config_class=ArithmeticTaskConfig,
              description="small-number arithmetic prompts (a+b=) with integer answers")
+    register("text_file", "unirl.tasks.text_file:TextFileTask", config_class=TextFileTaskConfig,
+             description="raw text documents, one per line of a local file (continued pretraining)")
 
 
 @hookimpl

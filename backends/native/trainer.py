@@ -56,9 +56,12 @@ class NativeTrainer:
         self.models["reference"] = ref
 
     def _ensure_scorer(self, name: str, per_token: bool, lr: float) -> None:
+        """A scalar-head model whose backbone starts as a copy of the current policy's (so a
+        reward model or critic trained after SFT starts from the SFT model); new head."""
         if name not in self.models:
             model = load_scorer(self.model_path, self.recipe.model.dtype, per_token=per_token,
                                 pad_token_id=self.tokenizer.pad_token_id)
+            model.base_model.load_state_dict(self.policy.base_model.state_dict())
             model.train()
             self.models[name] = model
             self.optimizers[name] = self._adamw(model, lr)

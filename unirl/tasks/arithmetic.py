@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unirl.protocols import Example
+from unirl.tasks.rng import rng_state, set_rng_state
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -35,7 +36,7 @@ class ArithmeticTaskConfig:
 
 class ArithmeticTask:
     """``a<op>b=`` prompts with integer answers. The SFT (and chosen) completion is the answer;
-    the rejected completion, for preference stages, is the answer off by 1 to 3."""
+    the rejected completion, for preference stages, is the answer off by 1 to 9."""
 
     def __init__(self, config: ArithmeticTaskConfig, ctx: Any) -> None:
         self.config = config
@@ -49,16 +50,15 @@ class ArithmeticTask:
             b = self._rng.randint(c.min_operand, c.max_operand)
             op = self._rng.choice(c.ops)
             value = _OPS[op](a, b)
-            wrong = value + self._rng.choice((-3, -2, -1, 1, 2, 3))
+            wrong = value + self._rng.choice((-9, -8, -7, -6, -5, -4, -3, -2, -1, 1, 2, 3, 4, 5, 6, 7, 8, 9))
             out.append(Example(prompt=f"{a}{op}{b}=", answer=str(value), completion=str(value), rejected=str(wrong)))
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        version, internal, gauss = self._rng.getstate()
-        return {"version": version, "internal": list(internal), "gauss": gauss}
+        return rng_state(self._rng)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._rng.setstate((state["version"], tuple(state["internal"]), state["gauss"]))
+        set_rng_state(self._rng, state)
 
 
 @dataclass
