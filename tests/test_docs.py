@@ -30,3 +30,14 @@ def test_readme_quick_start_has_exactly_two_commands():
     assert commands == ["bash scripts/demo.sh", "bash scripts/test.sh"]
     ci = (ROOT / ".ci" / "run").read_text()
     assert "bash scripts/test.sh" in ci
+
+
+def test_semantics_doc_defines_every_canonical_value():
+    from unirl.capabilities import CANONICAL_KNOBS
+
+    doc = (ROOT / "docs" / "semantics.md").read_text()
+    for key, values in CANONICAL_KNOBS.items():
+        assert key.split(".")[-1] in doc, key
+        for value in values:
+            if isinstance(value, str) and value != "set":
+                assert f"`{value}`" in doc, f"{key}={value} is not defined in docs/semantics.md"

@@ -23,7 +23,7 @@ def test_builtin_plugins_load_through_entry_points():
     assert reg.get("backend", "native").plugin == "native"
     assert reg.get("rollout", "hf_generate").distribution == "unirl"
     assert {r.name for r in reg.by_plugin("native")} == {"native", "hf_generate", "memory"}
-    assert reg.names("task") == ["arithmetic"]
+    assert reg.names("task") == ["arithmetic", "text_file"]
 
 
 class ConstantRewardPlugin:

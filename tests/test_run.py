@@ -13,7 +13,7 @@ from unirl import hookimpl
 from unirl import metrics as M
 from unirl.cli import main
 from unirl.plugin_manager import get_plugin_host
-from tests.conftest import DEMO, read_rows, run_cli
+from tests.conftest import DEMO, ROOT, read_rows, run_cli
 
 
 def _run(overrides: list[str]) -> int:
@@ -173,3 +173,21 @@ def test_real_process_run_prints_progress(short_overrides):
     assert proc.returncode == 0, proc.stderr
     assert "[sft_warmup] step 1/4" in proc.stdout and "[grpo] step 2/2 reward=" in proc.stdout
     assert "exported policy -> " in proc.stdout
+
+
+def test_ppo_with_critic_stop_and_resume_matches(tiny_model_dir, tmp_path):
+    """Critic, its optimizer, the reference and the mini-batch shuffling all resume exactly."""
+    common = ["run", str(ROOT / "configs" / "ppo_tiny.yaml"), f"model.path={tiny_model_dir}", "stages.0.steps=2",
+              "stages.1.steps=4", "stages.1.batch_size=4", "algorithm.group_size=2", "trainer.micro_batch_size=8",
+              "run.threads=1"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert main([*common, f"run.dir={full}"]) == 0
+    assert main([*common, f"run.dir={part}", "run.stop_after=4"]) == 0
+    assert sorted(p.name for p in (part / "checkpoints" / "step-00000004").glob("model-*")) == [
+        "model-critic.safetensors", "model-policy.safetensors", "model-reference.safetensors"]
+    assert main([*common, f"run.dir={part}", "resume=auto"]) == 0
+    for folder in ("model", "critic"):
+        a = load_file(str(full / folder / "model.safetensors"))
+        b = load_file(str(part / folder / "model.safetensors"))
+        assert all(torch.equal(a[k], b[k]) for k in a), folder
+    assert [M.deterministic_view(r) for r in read_rows(full)] == [M.deterministic_view(r) for r in read_rows(part)]

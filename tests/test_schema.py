@@ -172,3 +172,37 @@ def test_capability_error_names_knob_and_backends_that_support_it():
     # An SFT-only recipe is accepted (and nothing was imported from the fake factory path).
     cfg = load_recipe(DEMO, ["backend=sft_only", "stages=[{name: s, type: sft, steps: 1}]"], host=host)
     assert [s.type for s in cfg.stages] == ["sft"]
+
+
+class TokenMeanOnlyBackend:
+    """Declares, as data, that it aggregates only token_mean and keeps the KL in the loss."""
+
+    @hookimpl
+    def unirl_register_backends(self, register):
+        register("token_mean_only", "module_that_is_never_imported_xyz:Backend", capabilities=Capabilities(knobs={
+            "algorithm.loss_agg": {"token_mean": Support.NATIVE},
+            "kl.placement": {"in_loss": Support.NATIVE},
+        }))
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("algorithm.loss_agg=seq_mean_token_sum", "algorithm.loss_agg='seq_mean_token_sum' is not supported by backend "
+                                              "'token_mean_only'. Backends that support it: native"),
+    ("algorithm.kl_reward_coef=0.05", "kl.placement='in_reward (algorithm.kl_reward_coef=0.05)' is not supported by "
+                                      "backend 'token_mean_only'. Backends that support it: native"),
+])
+def test_unsupported_capability_exits_2_before_anything_is_built(override, needle, tmp_path, capsys):
+    from unirl.plugin_manager import get_plugin_host
+
+    host = get_plugin_host()
+    host.register_plugin(TokenMeanOnlyBackend(), "token-mean-only")
+    try:
+        run_dir = tmp_path / "never"
+        assert main(["run", str(DEMO), "backend=token_mean_only", override, f"run.dir={run_dir}"]) == 2
+        # what it does support passes validation (and would only then import its factory)
+        load_recipe(DEMO, ["backend=token_mean_only"], host=host)
+    finally:
+        host.unregister_plugin("token-mean-only")
+    err = " ".join(capsys.readouterr().err.split())
+    assert needle in err
+    assert not run_dir.exists()  # no run directory, no model: refused at validation
