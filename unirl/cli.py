@@ -67,6 +67,38 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_levels(spec: str) -> list[str]:
+    from unirl.testing.results import LEVELS
+
+    if ".." in spec:
+        lo, hi = spec.split("..", 1)
+        if lo in LEVELS and hi in LEVELS and LEVELS.index(lo) <= LEVELS.index(hi):
+            return list(LEVELS[LEVELS.index(lo):LEVELS.index(hi) + 1])
+    elif spec in LEVELS:
+        return [spec]
+    raise UsageError(f"--level={spec!r} is not a level or range. Allowed: {', '.join(LEVELS)} or a range such as "
+                     f"L0..L2.")
+
+
+def _cmd_conformance(args: argparse.Namespace) -> int:
+    from unirl.plugin_manager import get_plugin_host
+    from unirl.progress import make_console
+    from unirl.testing.runner import print_table, run_conformance, summary, write_json
+
+    levels = _parse_levels(args.level)
+    host = get_plugin_host()
+    host.registry.get("backend", args.backend)  # unknown backend: exit 2 listing the installed ones
+    console = make_console()
+    results = run_conformance(args.backend, levels, host=host,
+                              progress=lambda msg: console.print(msg, highlight=False, markup=False))
+    print_table(results, args.backend, console)
+    if args.json:
+        write_json(results, args.backend, args.json)
+        console.print(f"results written to {args.json}", highlight=False)
+    s = summary(results)
+    return 0 if s["failed"] + s["error"] == 0 else 1
+
+
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
     from unirl.models.tiny import build_tiny_model
 
@@ -87,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = sub.add_parser("plugins", help="list installed plugins and what they register")
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     plugins.set_defaults(func=_cmd_plugins)
+    conf = sub.add_parser("conformance", help="check a backend against the reference semantics (L0-L3)",
+                          description="Run the conformance kit against an installed backend and print a table.")
+    conf.add_argument("--backend", default="native")
+    conf.add_argument("--level", default="L0..L3", help="a level (L1) or a range (L0..L3, the default)")
+    conf.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    conf.set_defaults(func=_cmd_conformance)
     tiny = sub.add_parser("tiny-model", help="write the tiny random-init Qwen2 model and tokenizer to OUT")
     tiny.add_argument("out")
     tiny.add_argument("--seed", type=int, default=0)

@@ -42,4 +42,5 @@ class StageProgress:
 
 
 def make_console() -> Console:
-    return Console(file=sys.stdout, soft_wrap=True)
+    # Logs and CI have no terminal width: use a wide one so tables stay readable there.
+    return Console(file=sys.stdout, soft_wrap=True, width=None if sys.stdout.isatty() else 180)

@@ -1,0 +1,67 @@
+"""What every conformance check needs: the backend under test, its capabilities, a tiny model."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from unirl.capabilities import Support
+from unirl.testing.knobs import shown
+from unirl.testing.results import CheckResult
+
+
+@dataclass
+class KitContext:
+    backend: str
+    host: Any = None
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="unirl-conformance-")))
+    model_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.host is None:
+            from unirl.plugin_manager import get_plugin_host
+
+            self.host = get_plugin_host()
+        self.registration = self.host.registry.get("backend", self.backend)
+
+    @property
+    def capabilities(self) -> Any:
+        from unirl.capabilities import Capabilities
+
+        return self.registration.capabilities or Capabilities()
+
+    def support(self, key: str, value: Any) -> Support:
+        return self.capabilities.support(key, value)
+
+    def claims(self, key: str, value: Any) -> bool:
+        return self.support(key, value) is not Support.UNSUPPORTED
+
+    def claimed(self, key: str, values: tuple[Any, ...]) -> list[Any]:
+        return [v for v in values if self.claims(key, v)]
+
+    def skip(self, check: str, level: str, key: str, value: Any) -> CheckResult:
+        return CheckResult(check, level, "skipped", {key: shown(value)},
+                           reason=f"backend {self.backend!r} declares {key}={shown(value)} unsupported")
+
+    @cached_property
+    def tiny_model(self) -> Path:
+        """A tiny Qwen2 model (seed 0), built once per context unless ``model_dir`` was given."""
+        if self.model_dir is not None:
+            return self.model_dir
+        from unirl.models.tiny import build_tiny_model
+
+        return build_tiny_model(self.workdir / "tiny-model", seed=0)
+
+    def recipe(self, overrides: list[str], *, with_model: bool = False) -> Any:
+        from unirl.config import load_recipe
+
+        base = [f"backend={self.backend}", f"run.dir={self.workdir / 'run'}"]
+        if with_model:
+            base.append(f"model.path={self.tiny_model}")
+        return load_recipe(None, [*base, *overrides], host=self.host)
+
+    def backend_object(self, recipe: Any) -> Any:
+        return self.registration.load()(recipe)

@@ -1,0 +1,32 @@
+"""L0: the recipe translates into the backend's native config and every knob reads back."""
+
+from __future__ import annotations
+
+from unirl.capabilities import recipe_knobs
+from unirl.testing.context import KitContext
+from unirl.testing.knobs import all_knob_values, overrides_for, shown
+from unirl.testing.results import CheckResult
+
+
+def check_translate(ctx: KitContext, key: str, value: object) -> CheckResult:
+    name, knobs = "translate", {key: shown(value)}
+    if not ctx.claims(key, value):
+        return ctx.skip(name, "L0", key, value)
+    try:
+        recipe = ctx.recipe(overrides_for(key, value))
+        backend = ctx.backend_object(recipe)
+        if not (hasattr(backend, "translate") and hasattr(backend, "read_back")):
+            return CheckResult(name, "L0", "failed", knobs, reason="the backend has no translate()/read_back(); "
+                               "a backend must show how each knob it claims lands in its framework's config")
+        got = backend.read_back(backend.translate(recipe))
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        return CheckResult(name, "L0", "error", knobs, reason=f"{type(exc).__name__}: {exc}")
+    expected = {(k, v) for k, v, _ in recipe_knobs(recipe)}
+    missing = sorted(f"{k}={shown(v)}" for k, v in expected - set(got))
+    if missing:
+        return CheckResult(name, "L0", "failed", knobs, reason=f"did not read back: {', '.join(missing)}")
+    return CheckResult(name, "L0", "passed", knobs, reason=f"{len(expected)} knobs read back")
+
+
+def run_l0(ctx: KitContext) -> list[CheckResult]:
+    return [check_translate(ctx, key, value) for key, value in all_knob_values()]

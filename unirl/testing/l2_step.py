@@ -1,0 +1,192 @@
+"""L2: one optimizer step from identical weights and batch against the reference step.
+
+The backend trains through its own trainer (with ``trainer.micro_batch_size=2``, so its
+gradient accumulation is exercised); the oracle is a plain full-batch forward/backward of
+the same HF model with the reference objective, ``clip_grad_norm_`` and ``torch.optim.AdamW``.
+Compared: the loss, the pre-clip gradient norm, and the parameter update relative to lr.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from unirl.config import choices
+from unirl.testing.context import KitContext
+from unirl.testing.results import TOLERANCES, CheckResult, compare
+
+LR = 1e-3
+
+
+def _worst(results: list[CheckResult], name: str, knobs: dict[str, Any]) -> CheckResult:
+    failed = [r for r in results if r.status != "passed"]
+    worst = failed[0] if failed else max(results, key=lambda r: r.max_rel or 0.0)
+    detail = "; ".join(f"{r.check}: abs {r.max_abs:.3g} rel {r.max_rel:.3g}" for r in results)
+    return CheckResult(name, "L2", "failed" if failed else "passed", knobs, worst.max_abs, worst.max_rel,
+                       worst.tolerance, reason=detail)
+
+
+def _rl_batch(tokenizer: Any, model: Any, algo: Any) -> Any:
+    import torch
+
+    from unirl.algorithms.advantages import compute_advantages
+    from unirl.algorithms.policy_loss import token_logprobs
+    from unirl.batch import RolloutBatch
+
+    g = torch.Generator().manual_seed(7)
+    n, p_len, r_len = 8, 4, 5
+    ids = torch.randint(2, 200, (n, p_len + r_len), generator=g)
+    resp = torch.zeros(n, p_len + r_len, dtype=torch.long)
+    for i, length in enumerate([1, 5, 3, 2, 5, 4, 1, 3]):
+        resp[i, p_len:p_len + length] = 1
+    attn = torch.ones_like(resp)
+    attn[:, p_len:] = resp[:, p_len:]
+    attn[0, :2] = 0  # left padding in one prompt
+    ids = ids.masked_fill(attn == 0, tokenizer.pad_token_id)
+    batch = RolloutBatch(input_ids=ids, attention_mask=attn, response_mask=resp, group_index=torch.arange(n) // 4,
+                         prompt_len=p_len, rewards=torch.rand(n, generator=g))
+    mask = resp[:, 1:].float()
+    with torch.no_grad():
+        logp0 = token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
+    batch.old_logprobs = logp0 + 0.3 * torch.randn(logp0.shape, generator=g) * mask
+    batch.ref_logprobs = logp0 - 0.2 * torch.randn(logp0.shape, generator=g).abs() * mask
+    batch.advantages, _ = compute_advantages(algo, scores=batch.rewards, mask=mask, group_index=batch.group_index)
+    return batch
+
+
+def _oracle_update(model: Any, recipe: Any, loss_fn: Any) -> tuple[float, float, dict[str, Any]]:
+    import torch
+
+    loss = loss_fn(model)
+    loss.backward()
+    t = recipe.trainer
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip if t.grad_clip is not None else float("inf"))
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay)
+    opt.step()
+    return float(loss.detach()), float(norm), {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _step_check(ctx: KitContext, name: str, knobs: dict[str, Any], overrides: list[str], stage: str,
+                make_batch: Any, backend_call: Any, loss_key: str, oracle_loss: Any) -> CheckResult:
+    import copy
+
+    from safetensors.torch import load_file
+
+    from unirl.models.loading import load_causal_lm, load_tokenizer
+    from unirl.protocols import BuildContext
+
+    try:
+        recipe = ctx.recipe([*overrides, "trainer.micro_batch_size=2", "trainer.eps=1e-4"], with_model=True)
+        tok = load_tokenizer(str(ctx.tiny_model))
+        oracle = load_causal_lm(str(ctx.tiny_model), recipe.model.dtype)
+        reference = copy.deepcopy(oracle).eval()
+        batch = make_batch(tok, oracle, recipe)
+        run_dir = ctx.workdir / f"l2-{name}-{'-'.join(str(v) for v in knobs.values())}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        trainer = ctx.backend_object(recipe).build_trainer(BuildContext(recipe=recipe, run_dir=str(run_dir),
+                                                                        model_path=str(ctx.tiny_model), tokenizer=tok))
+        trainer.begin_stage(stage)
+        row = backend_call(trainer, copy.deepcopy(batch))
+        exported = trainer.export(str(run_dir))["policy"]
+        got = load_file(f"{exported}/model.safetensors")
+        loss, norm, expected = _oracle_update(oracle, recipe, lambda m: oracle_loss(m, reference, batch, recipe))
+    except Exception as exc:  # noqa: BLE001
+        return CheckResult(name, "L2", "error", knobs, reason=f"{type(exc).__name__}: {exc}")
+    tol = TOLERANCES[f"L2.{recipe.model.dtype}"]
+    keys = sorted(set(got) & set(expected))
+    update_err = max(float((got[k].double() - expected[k].double()).abs().max()) for k in keys) / LR
+    results = [
+        compare("loss", "L2", knobs, row[loss_key], loss, rel_tol=tol["loss_rel"], tolerance=f"rel <= {tol['loss_rel']}"),
+        compare("grad_norm", "L2", knobs, row["grad/norm"], norm, rel_tol=tol["grad_norm_rel"],
+                tolerance=f"rel <= {tol['grad_norm_rel']}"),
+        CheckResult("update", "L2", "passed" if update_err <= tol["update_over_lr"] and keys else "failed", knobs,
+                    update_err * LR, update_err, f"|d_backend - d_ref| / lr <= {tol['update_over_lr']}"),
+    ]
+    return _worst(results, name, knobs)
+
+
+def _policy_loss(model: Any, reference: Any, batch: Any, recipe: Any) -> Any:
+    from unirl.algorithms.aggregation import step_normaliser
+    from unirl.algorithms.objectives import policy_objective
+    from unirl.algorithms.policy_loss import token_entropy, token_logprobs
+    from unirl.engine.needs import loss_norm_length
+
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    mask = batch.response_mask[:, 1:].float()
+    algo = recipe.algorithm
+    loss, _ = policy_objective(logp=token_logprobs(logits, batch.input_ids), old_logp=batch.old_logprobs,
+                               ref_logp=batch.ref_logprobs if algo.kl_loss_coef > 0 else None,
+                               advantages=batch.advantages, mask=mask, entropy=token_entropy(logits).detach(), algo=algo,
+                               normaliser=step_normaliser(mask, algo.loss_agg, norm_length=loss_norm_length(recipe)),
+                               n_tokens=float(mask.sum()))
+    return loss
+
+
+def _examples() -> list[Any]:
+    from unirl.protocols import Example
+
+    return [Example(prompt=f"{a}+{b}=", answer=str(a + b), completion=str(a + b), rejected=str(a + b + 2))
+            for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 1)]]
+
+
+def _sft_loss(model: Any, reference: Any, batch: Any, recipe: Any) -> Any:
+    from unirl.algorithms.objectives import sft_objective
+    from unirl.algorithms.policy_loss import sft_token_loss
+
+    mask = batch.loss_mask[:, 1:].float()
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    return sft_objective(nll=sft_token_loss(logits, batch.input_ids), mask=mask, n_tokens=float(mask.sum()))
+
+
+def _dpo_loss(model: Any, reference: Any, pairs: Any, recipe: Any) -> Any:
+    import torch
+
+    from unirl.algorithms.objectives import dpo_objective
+    from unirl.algorithms.policy_loss import token_logprobs
+
+    seqs = pairs.sequences
+    mask = seqs.loss_mask[:, 1:].float()
+
+    def sums(m: Any) -> Any:
+        return (token_logprobs(m(input_ids=seqs.input_ids, attention_mask=seqs.attention_mask).logits,
+                               seqs.input_ids) * mask).sum(-1)
+
+    with torch.no_grad():
+        ref = sums(reference)
+    pi, n = sums(model), len(pairs)
+    return dpo_objective(pi_c=pi[:n], pi_r=pi[n:], ref_c=ref[:n], ref_r=ref[n:], algo=recipe.algorithm,
+                         n_pairs=float(n))[0]
+
+
+def run_l2(ctx: KitContext) -> list[CheckResult]:
+    from unirl.engine.collate import pair_batch, sft_batch
+
+    out: list[CheckResult] = []
+    rl = "stages=[{name: rl, type: rl, steps: 1, batch_size: 4}]"
+    extra = []
+    if ctx.claims("kl.placement", "in_loss"):
+        extra.append("algorithm.kl_loss_coef=0.1")
+    if ctx.claims("algorithm.dual_clip", "set"):
+        extra.append("algorithm.dual_clip=3.0")
+    for mode in choices.LOSS_AGG:
+        knobs = {"algorithm.loss_agg": mode, **{o.split("=")[0]: o.split("=")[1] for o in extra}}
+        if not ctx.claims("stages.type", "rl"):
+            out.append(ctx.skip("rl_step", "L2", "stages.type", "rl"))
+            break
+        if not ctx.claims("algorithm.loss_agg", mode):
+            out.append(ctx.skip("rl_step", "L2", "algorithm.loss_agg", mode))
+            continue
+        out.append(_step_check(ctx, "rl_step", knobs, [rl, f"algorithm.loss_agg={mode}", *extra], "rl",
+                               lambda tok, m, r: _rl_batch(tok, m, r.algorithm),
+                               lambda tr, b: tr.policy_step(b, LR), "loss/total", _policy_loss))
+    for stage, make, call, key, oracle in (
+            ("sft", lambda tok, m, r: sft_batch(tok, _examples()), lambda tr, b: tr.lm_step(b, LR), "loss/lm", _sft_loss),
+            ("dpo", lambda tok, m, r: pair_batch(tok, _examples()), lambda tr, b: tr.dpo_step(b, LR), "loss/dpo",
+             _dpo_loss)):
+        if not ctx.claims("stages.type", stage):
+            out.append(ctx.skip(f"{stage}_step", "L2", "stages.type", stage))
+            continue
+        out.append(_step_check(ctx, f"{stage}_step", {"stages.type": stage},
+                               [f"stages=[{{name: s, type: {stage}, steps: 1, batch_size: 5}}]"], stage, make, call,
+                               key, oracle))
+    return out

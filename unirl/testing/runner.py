@@ -1,0 +1,61 @@
+"""Run the conformance levels against one backend; print and export the results."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from unirl.testing.context import KitContext
+from unirl.testing.results import LEVELS, CheckResult
+
+
+def _level_runners() -> dict[str, Callable[[KitContext], list[CheckResult]]]:
+    from unirl.testing.l0_translate import run_l0
+    from unirl.testing.l1_math import run_l1
+    from unirl.testing.l2_step import run_l2
+    from unirl.testing.l3_run import run_l3
+
+    return {"L0": run_l0, "L1": run_l1, "L2": run_l2, "L3": run_l3}
+
+
+def run_conformance(backend: str, levels: Sequence[str] = LEVELS, *, host: Any = None,
+                    progress: Callable[[str], None] | None = None) -> list[CheckResult]:
+    ctx = KitContext(backend, host=host)
+    results: list[CheckResult] = []
+    runners = _level_runners()
+    for level in levels:
+        if progress:
+            progress(f"{backend}: running {level} ...")
+        results.extend(runners[level](ctx))
+    return results
+
+
+def summary(results: Sequence[CheckResult]) -> dict[str, int]:
+    out = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+    for r in results:
+        out[r.status] += 1
+    return out
+
+
+def print_table(results: Sequence[CheckResult], backend: str, console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"unirl conformance: backend {backend}")
+    for col in ("test", "level", "knob values", "result", "max abs err", "max rel err", "tolerance / skip reason"):
+        table.add_column(col, overflow="fold")
+    style = {"passed": "green", "failed": "bold red", "error": "bold red", "skipped": "yellow"}
+    for r in results:
+        table.add_row(r.check, r.level, " ".join(f"{k}={v}" for k, v in r.knobs.items()),
+                      f"[{style[r.status]}]{r.status}[/]",
+                      "" if r.max_abs is None else f"{r.max_abs:.3g}", "" if r.max_rel is None else f"{r.max_rel:.3g}",
+                      r.reason if r.status != "passed" else (r.tolerance or r.reason))
+    console.print(table)
+    s = summary(results)
+    console.print(f"{s['passed']} passed, {s['failed'] + s['error']} failed, {s['skipped']} skipped", highlight=False)
+
+
+def write_json(results: Sequence[CheckResult], backend: str, path: str | Path) -> None:
+    Path(path).write_text(json.dumps({"backend": backend, "summary": summary(results),
+                                      "results": [r.to_json() for r in results]}, indent=1))
