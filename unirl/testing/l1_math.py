@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache, partial
 from typing import Any
 
 from unirl.capabilities import ON
 from unirl.config import choices
 from unirl.testing.context import KitContext
 from unirl.testing.knobs import shown
-from unirl.testing.results import TOLERANCES, CheckResult, compare
+from unirl.testing.results import TOLERANCES, Case, CheckResult, compare
 
 B, L, GROUP = 6, 5, 3
 
 
+@lru_cache(maxsize=1)
 def fixed_tensors() -> dict[str, Any]:
     """Deterministic inputs with uneven response lengths, two groups of three, ratios far
     enough from 1 that clipping and dual clipping are active on some tokens."""
@@ -55,13 +57,103 @@ def make_algo(**overrides: Any) -> Any:
     return algo
 
 
-def _run(ctx: KitContext, math: Any, name: str, knobs: dict[str, Any], method: str,
-         call: Callable[[Any], Any]) -> CheckResult:
+def _math(ctx: KitContext) -> Any:
+    """The backend's math adapter, built once per context (None when it has none)."""
+    if not hasattr(ctx, "_l1_math"):
+        recipe = ctx.recipe(["stages=[{name: s, type: rl, steps: 1}]"] if ctx.claims("stages.type", "rl")
+                            else ["stages=[{name: s, type: sft, steps: 1}]"])
+        backend = ctx.backend_object(recipe)
+        ctx._l1_math = backend.math() if hasattr(backend, "math") else None
+    return ctx._l1_math
+
+
+def _base_agg(ctx: KitContext) -> str:
+    return "token_mean" if ctx.claims("algorithm.loss_agg", "token_mean") else \
+        (ctx.claimed("algorithm.loss_agg", choices.LOSS_AGG) or ["token_mean"])[0]
+
+
+def _base_kl(ctx: KitContext, key: str = "algorithm.kl_loss_estimator", default: str = "k3") -> str:
+    return (ctx.claimed(key, choices.KL_ESTIMATORS) or [default])[0]
+
+
+def _outcome(ctx: KitContext) -> str:
+    return next((a for a in ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+                 if ctx.claims("algorithm.advantage", a)), "grpo")
+
+
+def _policy(algo: Any, t: dict[str, Any], ref: bool = False, entropy: bool = False) -> Callable[[Any], Any]:
+    return lambda m: m.policy_loss(algo, t["logp"], t["old_logp"], t["ref_logp"] if ref else None, t["advantages"],
+                                   t["mask"], t["entropy"] if entropy else None, L)
+
+
+# Each entry: check name, gating knob, value, math method, and a builder (ctx, tensors) ->
+# (knobs shown, call(math) -> tensor).
+Builder = Callable[[KitContext, dict[str, Any]], tuple[dict[str, Any], Callable[[Any], Any]]]
+
+
+def _specs() -> list[tuple[str, str, Any, str, Builder]]:
+    specs: list[tuple[str, str, Any, str, Builder]] = []
+    for mode in choices.LOSS_AGG:
+        specs.append(("aggregate", "algorithm.loss_agg", mode, "aggregate", lambda ctx, t, mode=mode: (
+            {"algorithm.loss_agg": mode}, lambda m: m.aggregate(t["loss_mat"], t["mask"], mode, L))))
+        specs.append(("policy_loss", "algorithm.loss_agg", mode, "policy_loss", lambda ctx, t, mode=mode: (
+            {"algorithm.loss_agg": mode}, _policy(make_algo(loss_agg=mode), t))))
+    for adv in choices.ADVANTAGE:
+        specs.append(("advantages", "algorithm.advantage", adv, "advantages", lambda ctx, t, adv=adv: (
+            {"algorithm.advantage": adv}, lambda m: m.advantages(make_algo(advantage=adv), t["scores"], t["mask"],
+                                                                 t["group_index"], t["values"], None))))
+    for flag in (True, False):
+        specs.append(("advantages", "algorithm.norm_adv_by_std", flag, "advantages", lambda ctx, t, flag=flag: (
+            {"algorithm.advantage": "grpo", "algorithm.norm_adv_by_std": flag},
+            lambda m: m.advantages(make_algo(advantage="grpo", norm_adv_by_std=flag), t["scores"], t["mask"],
+                                   t["group_index"], None, None))))
+    for key in ("algorithm.kl_loss_estimator", "algorithm.kl_reward_estimator"):
+        for est in choices.KL_ESTIMATORS:
+            specs.append(("kl", key, est, "kl", lambda ctx, t, key=key, est=est: (
+                {key: est}, lambda m: m.kl(t["logp"], t["ref_logp"], est, None))))
+    specs += [
+        ("kl", "algorithm.kl_clamp", ON, "kl", lambda ctx, t: (
+            {"algorithm.kl_clamp": 5.0, "estimator": _base_kl(ctx)},
+            lambda m: m.kl(t["logp"], t["big_ref_logp"], _base_kl(ctx), 5.0))),
+        ("policy_loss", "kl.placement", "in_loss", "policy_loss", lambda ctx, t: (
+            {"kl.placement": "in_loss", "algorithm.kl_loss_coef": 0.1, "algorithm.loss_agg": _base_agg(ctx)},
+            _policy(make_algo(loss_agg=_base_agg(ctx), kl_loss_coef=0.1, kl_loss_estimator=_base_kl(ctx)), t, ref=True))),
+        ("advantages", "kl.placement", "in_reward", "advantages", lambda ctx, t: (
+            {"kl.placement": "in_reward", "algorithm.kl_reward_coef": 0.1, "algorithm.advantage": _outcome(ctx)},
+            lambda m: m.advantages(make_algo(advantage=_outcome(ctx), kl_reward_coef=0.1), t["scores"], t["mask"],
+                                   t["group_index"], None,
+                                   m.kl(t["logp"], t["ref_logp"], _base_kl(ctx, "algorithm.kl_reward_estimator", "k1"),
+                                        None)))),
+        ("policy_loss", "algorithm.dual_clip", ON, "policy_loss", lambda ctx, t: (
+            {"algorithm.dual_clip": 3.0, "algorithm.loss_agg": _base_agg(ctx)},
+            _policy(make_algo(loss_agg=_base_agg(ctx), dual_clip=3.0), t))),
+        ("policy_loss", "algorithm.entropy_coef", ON, "policy_loss", lambda ctx, t: (
+            {"algorithm.entropy_coef": 0.01, "algorithm.loss_agg": _base_agg(ctx)},
+            _policy(make_algo(loss_agg=_base_agg(ctx), entropy_coef=0.01), t, entropy=True))),
+        ("value_loss", "algorithm.value_clip", ON, "value_loss", lambda ctx, t: (
+            {"algorithm.value_clip": 0.2},
+            lambda m: m.value_loss(t["values"], t["old_values"], t["returns"], t["mask"], 0.2))),
+    ]
+    for loss_type in choices.DPO_LOSSES:
+        specs.append(("dpo_loss", "algorithm.dpo_loss", loss_type, "dpo_loss", lambda ctx, t, lt=loss_type: (
+            {"algorithm.dpo_loss": lt}, lambda m: m.dpo_loss(t["pi_c"], t["pi_r"], t["ref_c"], t["ref_r"], beta=0.1,
+                                                             loss_type=lt, label_smoothing=0.0))))
+    specs.append(("dpo_loss", "algorithm.label_smoothing", ON, "dpo_loss", lambda ctx, t: (
+        {"algorithm.label_smoothing": 0.1}, lambda m: m.dpo_loss(t["pi_c"], t["pi_r"], t["ref_c"], t["ref_r"], beta=0.1,
+                                                                 loss_type="sigmoid", label_smoothing=0.1))))
+    return specs
+
+
+def _check(ctx: KitContext, name: str, key: str, value: Any, method: str, build: Builder) -> CheckResult:
     from unirl.algorithms.reference import ReferenceMath
 
-    if not hasattr(math, method):
-        return CheckResult(name, "L1", "failed", knobs, reason=f"the backend claims {knobs} but its math adapter "
-                           f"has no {method}()")
+    if not ctx.claims(key, value):
+        return ctx.skip(name, "L1", key, value)
+    knobs, call = build(ctx, fixed_tensors())
+    math = _math(ctx)
+    if math is None or not hasattr(math, method):
+        what = "no math() adapter" if math is None else f"a math adapter without {method}()"
+        return CheckResult(name, "L1", "failed", knobs, reason=f"the backend claims {key}={shown(value)} but has {what}")
     try:
         got = call(math)
     except Exception as exc:  # noqa: BLE001
@@ -70,66 +162,7 @@ def _run(ctx: KitContext, math: Any, name: str, knobs: dict[str, Any], method: s
                    tolerance=f"abs <= {TOLERANCES['L1']['abs']:g}")
 
 
-def run_l1(ctx: KitContext) -> list[CheckResult]:
-    t = fixed_tensors()
-    recipe = ctx.recipe(["stages=[{name: s, type: sft, steps: 1}]"]) if ctx.claims("stages.type", "sft") else None
-    backend = ctx.backend_object(recipe or ctx.recipe(["stages=[{name: s, type: rl, steps: 1}]"]))
-    if not hasattr(backend, "math"):
-        return [CheckResult("math", "L1", "failed", reason="the backend has no math() adapter exposing its "
-                            "framework's functions")]
-    math = backend.math()
-    out: list[CheckResult] = []
-    base_agg = "token_mean" if ctx.claims("algorithm.loss_agg", "token_mean") else \
-        (ctx.claimed("algorithm.loss_agg", choices.LOSS_AGG) or ["token_mean"])[0]
-    base_kl = (ctx.claimed("algorithm.kl_loss_estimator", choices.KL_ESTIMATORS) or ["k3"])[0]
-
-    def policy(algo: Any, ref: Any = None, entropy: Any = None) -> Callable[[Any], Any]:
-        return lambda m: m.policy_loss(algo, t["logp"], t["old_logp"], ref, t["advantages"], t["mask"], entropy, L)
-
-    def gated(key: str, value: Any, name: str, method: str, call: Callable[[Any], Any],
-              knobs: dict[str, Any] | None = None) -> None:
-        if not ctx.claims(key, value):
-            out.append(ctx.skip(name, "L1", key, value))
-        else:
-            out.append(_run(ctx, math, name, knobs or {key: shown(value)}, method, call))
-
-    for mode in choices.LOSS_AGG:
-        gated("algorithm.loss_agg", mode, "aggregate", "aggregate",
-              lambda m, mode=mode: m.aggregate(t["loss_mat"], t["mask"], mode, L))
-        gated("algorithm.loss_agg", mode, "policy_loss", "policy_loss", policy(make_algo(loss_agg=mode)))
-    for adv in choices.ADVANTAGE:
-        algo = make_algo(advantage=adv)
-        gated("algorithm.advantage", adv, "advantages", "advantages",
-              lambda m, algo=algo: m.advantages(algo, t["scores"], t["mask"], t["group_index"], t["values"], None))
-    for flag in (True, False):
-        algo = make_algo(advantage="grpo", norm_adv_by_std=flag)
-        gated("algorithm.norm_adv_by_std", flag, "advantages", "advantages",
-              lambda m, algo=algo: m.advantages(algo, t["scores"], t["mask"], t["group_index"], None, None))
-    for key in ("algorithm.kl_loss_estimator", "algorithm.kl_reward_estimator"):
-        for est in choices.KL_ESTIMATORS:
-            gated(key, est, "kl", "kl", lambda m, est=est: m.kl(t["logp"], t["ref_logp"], est, None))
-    gated("algorithm.kl_clamp", ON, "kl", "kl", lambda m: m.kl(t["logp"], t["big_ref_logp"], base_kl, 5.0),
-          {"algorithm.kl_clamp": 5.0, "estimator": base_kl})
-    gated("kl.placement", "in_loss", "policy_loss", "policy_loss",
-          policy(make_algo(loss_agg=base_agg, kl_loss_coef=0.1, kl_loss_estimator=base_kl), ref=t["ref_logp"]))
-    outcome = next((a for a in ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
-                    if ctx.claims("algorithm.advantage", a)), "grpo")
-    kl_r = (ctx.claimed("algorithm.kl_reward_estimator", choices.KL_ESTIMATORS) or ["k1"])[0]
-    gated("kl.placement", "in_reward", "advantages", "advantages",
-          lambda m: m.advantages(make_algo(advantage=outcome, kl_reward_coef=0.1), t["scores"], t["mask"],
-                                 t["group_index"], None, m.kl(t["logp"], t["ref_logp"], kl_r, None)),
-          {"kl.placement": "in_reward", "advantage": outcome})
-    gated("algorithm.dual_clip", ON, "policy_loss", "policy_loss", policy(make_algo(loss_agg=base_agg, dual_clip=3.0)),
-          {"algorithm.dual_clip": 3.0})
-    gated("algorithm.entropy_coef", ON, "policy_loss", "policy_loss",
-          policy(make_algo(loss_agg=base_agg, entropy_coef=0.01), entropy=t["entropy"]), {"algorithm.entropy_coef": 0.01})
-    gated("algorithm.value_clip", ON, "value_loss", "value_loss",
-          lambda m: m.value_loss(t["values"], t["old_values"], t["returns"], t["mask"], 0.2), {"algorithm.value_clip": 0.2})
-    for loss_type in choices.DPO_LOSSES:
-        gated("algorithm.dpo_loss", loss_type, "dpo_loss", "dpo_loss",
-              lambda m, lt=loss_type: m.dpo_loss(t["pi_c"], t["pi_r"], t["ref_c"], t["ref_r"], beta=0.1, loss_type=lt,
-                                                 label_smoothing=0.0))
-    gated("algorithm.label_smoothing", ON, "dpo_loss", "dpo_loss",
-          lambda m: m.dpo_loss(t["pi_c"], t["pi_r"], t["ref_c"], t["ref_r"], beta=0.1, loss_type="sigmoid",
-                               label_smoothing=0.1), {"algorithm.label_smoothing": 0.1})
-    return out
+def cases() -> list[Case]:
+    return [Case(f"{name}[{key}={shown(value)}]", "L1", partial(_check, name=name, key=key, value=value, method=method,
+                                                                  build=build))
+            for name, key, value, method, build in _specs()]

@@ -8,11 +8,12 @@ Compared: the loss, the pre-clip gradient norm, and the parameter update relativ
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from unirl.config import choices
 from unirl.testing.context import KitContext
-from unirl.testing.results import TOLERANCES, CheckResult, compare
+from unirl.testing.results import TOLERANCES, Case, CheckResult, compare
 
 LR = 1e-3
 
@@ -158,35 +159,38 @@ def _dpo_loss(model: Any, reference: Any, pairs: Any, recipe: Any) -> Any:
                          n_pairs=float(n))[0]
 
 
-def run_l2(ctx: KitContext) -> list[CheckResult]:
-    from unirl.engine.collate import pair_batch, sft_batch
-
-    out: list[CheckResult] = []
-    rl = "stages=[{name: rl, type: rl, steps: 1, batch_size: 4}]"
+def _rl_case(ctx: KitContext, mode: str) -> CheckResult:
     extra = []
     if ctx.claims("kl.placement", "in_loss"):
         extra.append("algorithm.kl_loss_coef=0.1")
     if ctx.claims("algorithm.dual_clip", "set"):
         extra.append("algorithm.dual_clip=3.0")
-    for mode in choices.LOSS_AGG:
-        knobs = {"algorithm.loss_agg": mode, **{o.split("=")[0]: o.split("=")[1] for o in extra}}
-        if not ctx.claims("stages.type", "rl"):
-            out.append(ctx.skip("rl_step", "L2", "stages.type", "rl"))
-            break
-        if not ctx.claims("algorithm.loss_agg", mode):
-            out.append(ctx.skip("rl_step", "L2", "algorithm.loss_agg", mode))
-            continue
-        out.append(_step_check(ctx, "rl_step", knobs, [rl, f"algorithm.loss_agg={mode}", *extra], "rl",
-                               lambda tok, m, r: _rl_batch(tok, m, r.algorithm),
-                               lambda tr, b: tr.policy_step(b, LR), "loss/total", _policy_loss))
-    for stage, make, call, key, oracle in (
-            ("sft", lambda tok, m, r: sft_batch(tok, _examples()), lambda tr, b: tr.lm_step(b, LR), "loss/lm", _sft_loss),
-            ("dpo", lambda tok, m, r: pair_batch(tok, _examples()), lambda tr, b: tr.dpo_step(b, LR), "loss/dpo",
-             _dpo_loss)):
-        if not ctx.claims("stages.type", stage):
-            out.append(ctx.skip(f"{stage}_step", "L2", "stages.type", stage))
-            continue
-        out.append(_step_check(ctx, f"{stage}_step", {"stages.type": stage},
-                               [f"stages=[{{name: s, type: {stage}, steps: 1, batch_size: 5}}]"], stage, make, call,
-                               key, oracle))
-    return out
+    if not ctx.claims("stages.type", "rl"):
+        return ctx.skip("rl_step", "L2", "stages.type", "rl")
+    if not ctx.claims("algorithm.loss_agg", mode):
+        return ctx.skip("rl_step", "L2", "algorithm.loss_agg", mode)
+    knobs = {"algorithm.loss_agg": mode, **dict(o.split("=") for o in extra)}
+    return _step_check(ctx, "rl_step", knobs, ["stages=[{name: rl, type: rl, steps: 1, batch_size: 4}]",
+                                               f"algorithm.loss_agg={mode}", *extra], "rl",
+                       lambda tok, m, r: _rl_batch(tok, m, r.algorithm), lambda tr, b: tr.policy_step(b, LR),
+                       "loss/total", _policy_loss)
+
+
+def _stage_case(ctx: KitContext, stage: str) -> CheckResult:
+    from unirl.engine.collate import pair_batch, sft_batch
+
+    if not ctx.claims("stages.type", stage):
+        return ctx.skip(f"{stage}_step", "L2", "stages.type", stage)
+    make, call, key, oracle = {
+        "sft": (lambda tok, m, r: sft_batch(tok, _examples()), lambda tr, b: tr.lm_step(b, LR), "loss/lm", _sft_loss),
+        "dpo": (lambda tok, m, r: pair_batch(tok, _examples()), lambda tr, b: tr.dpo_step(b, LR), "loss/dpo",
+                _dpo_loss),
+    }[stage]
+    return _step_check(ctx, f"{stage}_step", {"stages.type": stage},
+                       [f"stages=[{{name: s, type: {stage}, steps: 1, batch_size: 5}}]"], stage, make, call, key, oracle)
+
+
+def cases() -> list[Case]:
+    return [*(Case(f"rl_step[algorithm.loss_agg={mode}]", "L2", partial(_rl_case, mode=mode))
+              for mode in choices.LOSS_AGG),
+            *(Case(f"{stage}_step", "L2", partial(_stage_case, stage=stage)) for stage in ("sft", "dpo"))]

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from unirl.testing.context import KitContext
-from unirl.testing.results import CheckResult
+from unirl.testing.results import Case, CheckResult
 
 #: The learning run: SFT warm-start then GRPO on single-digit addition (about 20 s on 2 cores).
 LEARN = ["stages=[{name: sft, type: sft, steps: 60, batch_size: 32}, "
@@ -83,5 +83,5 @@ def check_resume(ctx: KitContext) -> CheckResult:
                        reason=f"metrics.jsonl {'identical' if same_rows else 'DIFFERENT'} (timings aside)")
 
 
-def run_l3(ctx: KitContext) -> list[CheckResult]:
-    return [check_learns(ctx), check_resume(ctx)]
+def cases() -> list[Case]:
+    return [Case("learns", "L3", check_learns), Case("resume", "L3", check_resume)]

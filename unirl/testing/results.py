@@ -49,6 +49,15 @@ class CheckResult:
         return f"[{self.level}] {self.check} {knobs}: {self.status}{err} {self.reason}".strip()
 
 
+@dataclass(frozen=True)
+class Case:
+    """One conformance check, known before it runs (so pytest can collect it by id)."""
+
+    id: str
+    level: str
+    run: Any  # Callable[[KitContext], CheckResult]
+
+
 def compare(check: str, level: str, knobs: dict[str, Any], got: Any, expected: Any, *, abs_tol: float | None = None,
             rel_tol: float | None = None, tolerance: str = "") -> CheckResult:
     """Compare tensors/numbers elementwise; pass when every bound given holds."""

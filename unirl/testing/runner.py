@@ -8,27 +8,25 @@ from pathlib import Path
 from typing import Any
 
 from unirl.testing.context import KitContext
-from unirl.testing.results import LEVELS, CheckResult
+from unirl.testing.results import LEVELS, Case, CheckResult
 
 
-def _level_runners() -> dict[str, Callable[[KitContext], list[CheckResult]]]:
-    from unirl.testing.l0_translate import run_l0
-    from unirl.testing.l1_math import run_l1
-    from unirl.testing.l2_step import run_l2
-    from unirl.testing.l3_run import run_l3
+def level_cases(level: str) -> list[Case]:
+    """The checks of ``level``, in order, before anything runs."""
+    from unirl.testing import l0_translate, l1_math, l2_step, l3_run
 
-    return {"L0": run_l0, "L1": run_l1, "L2": run_l2, "L3": run_l3}
+    return {"L0": l0_translate, "L1": l1_math, "L2": l2_step, "L3": l3_run}[level].cases()
 
 
 def run_conformance(backend: str, levels: Sequence[str] = LEVELS, *, host: Any = None,
                     progress: Callable[[str], None] | None = None) -> list[CheckResult]:
     ctx = KitContext(backend, host=host)
     results: list[CheckResult] = []
-    runners = _level_runners()
     for level in levels:
+        cases = level_cases(level)
         if progress:
-            progress(f"{backend}: running {level} ...")
-        results.extend(runners[level](ctx))
+            progress(f"{backend}: running {level} ({len(cases)} checks) ...")
+        results.extend(case.run(ctx) for case in cases)
     return results
 
 

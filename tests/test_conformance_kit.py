@@ -1,0 +1,132 @@
+"""The conformance kit itself: it can fail, it reports skips with reasons, and its CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from unirl import hookimpl
+from unirl.algorithms.reference import ReferenceMath
+from unirl.capabilities import Capabilities, Support, all_values
+from unirl.cli import main
+from unirl.plugin_manager import get_plugin_host
+from unirl.testing.runner import run_conformance
+from unirl_backends.native.backend import NativeBackend
+from unirl_backends.native.trainer import NativeTrainer
+from tests.conftest import run_cli
+
+
+class SeqMeanMath(ReferenceMath):
+    """Aggregates token_mean as seq_mean_token_mean: the classic cross-framework mismatch."""
+
+    def aggregate(self, loss_mat, mask, mode, norm_length):
+        return super().aggregate(loss_mat, mask, "seq_mean_token_mean" if mode == "token_mean" else mode, norm_length)
+
+    def policy_loss(self, algo, *args):
+        if algo.loss_agg == "token_mean":
+            algo = OmegaConf.merge(algo, {"loss_agg": "seq_mean_token_mean"})
+        return super().policy_loss(algo, *args)
+
+
+class SeqMeanTrainer(NativeTrainer):
+    def policy_step(self, batch, lr):
+        if self.recipe.algorithm.loss_agg != "token_mean":
+            return super().policy_step(batch, lr)
+        saved = self.recipe
+        self.recipe = OmegaConf.merge(saved, {"algorithm": {"loss_agg": "seq_mean_token_mean"}})
+        try:
+            return super().policy_step(batch, lr)
+        finally:
+            self.recipe = saved
+
+
+class WrongBackend(NativeBackend):
+    name = "wrong"
+
+    def build_trainer(self, ctx):
+        return SeqMeanTrainer(ctx)
+
+    def math(self):
+        return SeqMeanMath()
+
+
+class WrongPlugin:
+    @hookimpl
+    def unirl_register_backends(self, register):
+        register("wrong", WrongBackend, capabilities=Capabilities(knobs=all_values()))
+        limited = all_values()
+        limited["algorithm.loss_agg"] = {"token_mean": Support.NATIVE}
+        limited["algorithm.advantage"] = {"grpo": Support.EMULATED}
+        register("limited", NativeBackend, capabilities=Capabilities(knobs=limited))
+
+
+@pytest.fixture
+def wrong_plugin():
+    host = get_plugin_host()
+    host.register_plugin(WrongPlugin(), "wrong-plugin")
+    yield host
+    host.unregister_plugin("wrong-plugin")
+
+
+def test_wrong_aggregation_fails_l1_and_l2_with_the_error_size(wrong_plugin):
+    results = {(r.level, r.check, tuple(r.knobs.items())): r for r in run_conformance("wrong", ["L1", "L2"])}
+    failed = {k: r for k, r in results.items() if r.status == "failed"}
+    l1 = failed[("L1", "aggregate", (("algorithm.loss_agg", "token_mean"),))]
+    assert l1.max_abs > 1e-3 and "abs <= 1e-06" in l1.tolerance
+    assert ("L1", "policy_loss", (("algorithm.loss_agg", "token_mean"),)) in failed
+    l2 = [r for k, r in failed.items() if k[0] == "L2"]
+    assert [r.knobs["algorithm.loss_agg"] for r in l2] == ["token_mean"]
+    assert l2[0].max_rel > 1e-3 and "loss: abs" in l2[0].reason
+    # everything it does right still passes
+    assert results[("L1", "aggregate", (("algorithm.loss_agg", "seq_mean_token_sum"),))].status == "passed"
+    assert all(r.status == "passed" for k, r in results.items() if k[0] == "L2" and r not in l2)
+
+
+def test_cli_shows_failures_and_exits_1(wrong_plugin, tmp_path, capsys):
+    out = tmp_path / "wrong.json"
+    assert main(["conformance", "--backend", "wrong", "--level", "L1", "--json", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "failed" in text and "aggregate" in text
+    data = json.loads(out.read_text())
+    assert data["backend"] == "wrong" and data["summary"]["passed"] > 20
+    bad = [r for r in data["results"] if r["status"] == "failed"]
+    # exactly the checks that aggregate with token_mean: the plain ones and those of KL-in-loss,
+    # dual clip and entropy, which run on the token_mean policy loss
+    assert len(bad) == data["summary"]["failed"] == 5
+    assert all(r["knobs"]["algorithm.loss_agg"] == "token_mean" and r["max_abs"] > 1e-3 for r in bad)
+    assert {r["check"] for r in bad} == {"aggregate", "policy_loss"}
+
+
+def test_declared_unsupported_values_are_reported_skips(wrong_plugin):
+    results = run_conformance("limited", ["L0", "L1"])
+    skips = [r for r in results if r.status == "skipped"]
+    assert {r.knobs.get("algorithm.loss_agg") for r in skips if "algorithm.loss_agg" in r.knobs} == {
+        "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"}
+    assert all("declares" in r.reason and "unsupported" in r.reason for r in skips)
+    # value_clip is claimed, but its L0 recipe needs advantage=gae, which is not: a skip saying so
+    assert any(r.knobs == {"algorithm.value_clip": "on"} and "needs algorithm.advantage=gae" in r.reason for r in skips)
+    assert not [r for r in results if r.status in ("failed", "error")]
+    emulated = [r for r in results if r.knobs.get("algorithm.advantage") == "grpo" and r.level == "L1"]
+    assert emulated and all(r.status == "passed" for r in emulated)  # emulated is still checked
+
+
+def test_unknown_backend_is_a_usage_error(capsys):
+    assert main(["conformance", "--backend", "nope"]) == 2
+    assert "Installed backends: native" in " ".join(capsys.readouterr().err.split())
+    assert main(["conformance", "--level", "L9"]) == 2
+
+
+@pytest.mark.slow
+def test_native_passes_every_level_from_the_cli(tmp_path):
+    out = tmp_path / "native.json"
+    proc = run_cli("conformance", "--backend", "native", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["summary"]["failed"] == 0 and data["summary"]["error"] == 0
+    assert {r["level"] for r in data["results"]} == {"L0", "L1", "L2", "L3"}
+    assert data["summary"]["passed"] == len(data["results"])  # native claims everything: nothing skipped
+    for r in data["results"]:
+        assert r["check"] in proc.stdout
+    assert f"{data['summary']['passed']} passed, 0 failed, 0 skipped" in proc.stdout
