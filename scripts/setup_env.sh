@@ -9,7 +9,8 @@ if ! "$python" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) els
   echo "unirl needs Python 3.11; $python is $("$python" --version 2>&1). Set PYTHON=/path/to/python3.11." >&2
   exit 2
 fi
-stamp_src="$(cat "$root/requirements/lock.txt" "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+plugin="$root/plugins/unirl-example-plugin"
+stamp_src="$(cat "$root/requirements/lock.txt" "$root/pyproject.toml" "$plugin/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 stamp="$venv/.unirl-installed"
 if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_src" ]; then
   exit 0
@@ -21,5 +22,6 @@ pip_install() {  # this machine's pip config lists index folders that may be abs
 }
 pip_install -r "$root/requirements/lock.txt"
 pip_install --no-deps -e "$root"
+pip_install --no-deps -e "$plugin"  # the example third-party plugin: its tests are part of the suite
 echo "$stamp_src" > "$stamp"
 echo "environment ready: $venv" >&2

@@ -54,8 +54,9 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from unirl.progress import make_console
 
     table = Table(title="unirl plugins (entry-point group 'unirl')")
     for col in ("plugin", "distribution", "module", "registers"):
@@ -63,7 +64,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     for row in rows:
         registers = "\n".join(f"{r['kind']}: {r['name']}" for r in row["registers"]) or "(hooks only)"
         table.add_row(row["name"], f"{row['distribution']} {row['version']}".strip(), row["module"], registers)
-    Console(soft_wrap=True).print(table)
+    make_console().print(table)
     return 0
 
 

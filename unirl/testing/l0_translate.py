@@ -36,5 +36,5 @@ def check_translate(ctx: KitContext, key: str, value: object) -> CheckResult:
 
 
 def cases() -> list[Case]:
-    return [Case(f"{key}={shown(value)}", "L0", partial(check_translate, key=key, value=value))
-            for key, value in all_knob_values()]
+    return [Case(f"{key}={shown(value)}", "L0", partial(check_translate, key=key, value=value),
+                 subject=f"{key}={shown(value)}") for key, value in all_knob_values()]

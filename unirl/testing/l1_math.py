@@ -164,5 +164,6 @@ def _check(ctx: KitContext, name: str, key: str, value: Any, method: str, build:
 
 def cases() -> list[Case]:
     return [Case(f"{name}[{key}={shown(value)}]", "L1", partial(_check, name=name, key=key, value=value, method=method,
-                                                                  build=build))
+                                                                  build=build),
+                 subject=f"{key}={shown(value)}")
             for name, key, value, method, build in _specs()]

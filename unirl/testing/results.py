@@ -30,6 +30,7 @@ class CheckResult:
     max_rel: float | None = None
     tolerance: str = ""
     reason: str = ""
+    subject: str = ""  # the canonical "knob=value" a check is about (L0/L1), for the semantics matrix
 
     @property
     def ok(self) -> bool:
@@ -56,6 +57,7 @@ class Case:
     id: str
     level: str
     run: Any  # Callable[[KitContext], CheckResult]
+    subject: str = ""
 
 
 def compare(check: str, level: str, knobs: dict[str, Any], got: Any, expected: Any, *, abs_tol: float | None = None,

@@ -26,7 +26,10 @@ def run_conformance(backend: str, levels: Sequence[str] = LEVELS, *, host: Any =
         cases = level_cases(level)
         if progress:
             progress(f"{backend}: running {level} ({len(cases)} checks) ...")
-        results.extend(case.run(ctx) for case in cases)
+        for case in cases:
+            result = case.run(ctx)
+            result.subject = case.subject
+            results.append(result)
     return results
 
 

@@ -1,0 +1,1 @@
+"""Example unirl plugin: a digit-reversal task and a partial-credit reward."""

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from unirl.plugin_manager import get_plugin_host
+from unirl.testing.matrix import matrix_cells, render
+from tests.conftest import ROOT
+from tests.test_conformance_kit import WrongPlugin
+
+
+def test_committed_matrix_is_current():
+    committed = (ROOT / "docs" / "semantics-matrix.md").read_text()
+    assert committed == render(), ("docs/semantics-matrix.md is stale: regenerate it with "
+                                   "python -m unirl.testing.matrix --write docs/semantics-matrix.md")
+
+
+def test_matrix_marks_failing_and_unsupported_cells():
+    host = get_plugin_host()
+    host.register_plugin(WrongPlugin(), "wrong-plugin")
+    try:
+        cells = matrix_cells(host, ["wrong", "limited"])
+    finally:
+        host.unregister_plugin("wrong-plugin")
+    assert cells["algorithm.loss_agg=token_mean"] == {"wrong": "failing", "limited": "native"}
+    assert cells["algorithm.loss_agg=seq_mean_token_sum"] == {"wrong": "native", "limited": "unsupported"}
+    assert cells["algorithm.advantage=grpo"]["limited"] == "emulated"
