@@ -55,9 +55,10 @@ def unirl_register_backends(register: Register) -> None:
     """Register training backends (``backend=NAME`` in a recipe).
 
     Called once, when the plugin manager loads plugins. The factory is called as
-    ``factory(recipe) -> Backend`` (see :class:`unirl.protocols.Backend`); it is imported
-    only when a recipe selects the backend. ``capabilities`` must be given: the recipe is
-    checked against it before any model is built.
+    ``factory(recipe) -> Backend`` (see :class:`unirl.protocols.Backend`: ``build_trainer``,
+    and for the conformance kit ``translate``, ``read_back`` and ``math``); it is imported
+    only when a recipe selects the backend. ``capabilities`` declares what the backend can
+    express: the recipe is checked against it before any model is built.
     """
 
 

@@ -147,8 +147,19 @@ class BuildContext:
 
 @runtime_checkable
 class Backend(Protocol):
-    """What ``backend=NAME`` builds: the training side of a run."""
+    """What ``backend=NAME`` builds: the training side of a run, and what the conformance
+    kit needs to check it (``docs/conformance.md``)."""
 
     name: str
 
     def build_trainer(self, ctx: BuildContext) -> Trainer: ...
+
+    def translate(self, recipe: Any) -> Any:
+        """L0: the recipe as the framework's native config (accepted by its own parser)."""
+
+    def read_back(self, native: Any) -> list[tuple[str, Any]]:
+        """L0: the canonical ``(knob, value)`` pairs recovered from a native config."""
+
+    def math(self) -> Any:
+        """L1: an adapter with the methods of :class:`unirl.algorithms.reference.ReferenceMath`,
+        computed by the framework's own functions."""

@@ -282,13 +282,11 @@ def _validate_options(data: dict[str, Any], config_class: type | None, section: 
         return {}
     schema = OmegaConf.structured(config_class)
     OmegaConf.set_struct(schema, True)
-    for key, value in _flatten(data).items():
-        if isinstance(value, (dict, list)):
-            continue
-        try:
-            OmegaConf.update(schema, key, value, merge=True)
-        except (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError, oc_errors.ValidationError) as exc:
-            raise _translate(exc, schema, key, value, "", prefix=f"{section}.") from None
+    try:
+        schema.merge_with(data)
+    except (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError, oc_errors.ValidationError) as exc:
+        key = getattr(exc, "full_key", None) or ""
+        raise _translate(exc, schema, key, _flatten(data).get(key), "", prefix=f"{section}.") from None
     result = OmegaConf.to_container(schema)
     check = getattr(config_class, "validate", None)
     if check is not None:

@@ -103,7 +103,7 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
                 stats.update(trainer.critic_step(mb))
             for key, v in stats.items():
                 sums[key] = sums.get(key, 0.0) + v
-    row = {k: (v if k in ("lr",) else v / updates) for k, v in sums.items()}
+    row = {k: v / updates for k, v in sums.items()}
     row["lr"] = lr
     c.rollout.update_weights(trainer)
     t4 = time.perf_counter()
