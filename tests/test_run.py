@@ -191,3 +191,14 @@ def test_ppo_with_critic_stop_and_resume_matches(tiny_model_dir, tmp_path):
         b = load_file(str(part / folder / "model.safetensors"))
         assert all(torch.equal(a[k], b[k]) for k in a), folder
     assert [M.deterministic_view(r) for r in read_rows(full)] == [M.deterministic_view(r) for r in read_rows(part)]
+
+
+def test_unloadable_model_fails_with_exit_1_and_a_run_record(short_overrides, tmp_path, capsys):
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "qwen2"}')  # a model dir without weights or tokenizer
+    overrides = [o for o in short_overrides if not o.startswith("model.path=")]
+    assert _run([*overrides, f"model.path={broken}"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "unirl: run failed:" in err and f"model.path='{broken}'" in err
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"

@@ -119,4 +119,4 @@ def unirl_step_end(stage: str, step: int, metrics: dict[str, Any]) -> None:
 @hookspec
 def unirl_run_end(run_dir: str, status: str) -> None:
     """Called once when a run ends; ``status`` is ``"completed"``, ``"stopped"``
-    (``run.stop_after`` reached, resumable) or ``"failed"``."""
+    (``run.stop_after`` reached, resumable), ``"interrupted"`` (Ctrl-C) or ``"failed"``."""

@@ -113,12 +113,64 @@ class Driver:
                           reward=adapt_reward_fn(make("reward", "reward"), data_source=recipe.task.name),
                           rollout=make("rollout", "rollout"), buffer=make("buffer", "buffer"))
 
+    def _restore(self, parts: Any, path: Path) -> dict[str, Any]:
+        import torch
+
+        from unirl.checkpoint import load_checkpoint
+
+        ckpt = load_checkpoint(path)
+        parts.trainer.load_state_dict(ckpt["trainer"])
+        parts.buffer.load_state_dict(ckpt["buffer"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        state = ckpt["state"]
+        parts.task.load_state_dict(state["task"])
+        parts.rollout.load_state_dict(state["rollout"])
+        self.console.print(f"resuming from {path} (global step {state['global_step']})", highlight=False)
+        return state
+
+    def _stages(self, parts: Any, state: dict[str, Any], writer: M.MetricsWriter, checkpoint: Any) -> str:
+        """Run the remaining steps; return ``"completed"`` or ``"stopped"`` (``run.stop_after``)."""
+        from unirl.engine.stages import STEP_FUNCTIONS
+        from unirl.progress import StageProgress
+
+        recipe = self.recipe
+        stop_after, every = recipe.run.stop_after, recipe.checkpoint.every
+        while state["stage_index"] < len(recipe.stages):
+            stage = self.current_stage = recipe.stages[state["stage_index"]]
+            if state["stage_step"] == 0:
+                parts.trainer.begin_stage(stage.type)
+            lr = stage.lr if stage.lr is not None else recipe.trainer.lr
+            bar = StageProgress(self.console, stage.name, stage.steps, state["stage_step"], recipe.run.log_every)
+            try:
+                stage_done = False
+                while not stage_done:
+                    row = STEP_FUNCTIONS[stage.type](parts, stage, lr)
+                    state["stage_step"] += 1
+                    state["global_step"] += 1
+                    row[M.MEMORY_PEAK] = M.peak_memory_bytes()
+                    full = {"stage": stage.name, "stage_type": stage.type, "step": state["stage_step"],
+                            "global_step": state["global_step"], **row}
+                    writer.write(full)
+                    self.host.hook.unirl_step_end(stage=stage.name, step=state["stage_step"], metrics=dict(full))
+                    bar.update(state["stage_step"], full)
+                    stage_done = state["stage_step"] == stage.steps
+                    if stage_done:
+                        state["stage_index"] += 1
+                        state["stage_step"] = 0
+                    finished = stage_done and state["stage_index"] == len(recipe.stages)
+                    stopping = bool(stop_after) and state["global_step"] >= stop_after and not finished
+                    if stage_done or stopping or (every and state["global_step"] % every == 0):
+                        checkpoint()
+                    if stopping:
+                        return "stopped"
+            finally:
+                bar.close()
+        return "completed"
+
     def run(self) -> dict[str, Any]:
         import torch
 
-        from unirl.checkpoint import load_checkpoint, save_checkpoint
-        from unirl.engine.stages import STEP_FUNCTIONS
-        from unirl.progress import StageProgress
+        from unirl.checkpoint import save_checkpoint
 
         recipe = self.recipe
         if recipe.run.threads:
@@ -128,76 +180,38 @@ class Driver:
         self.host.hook.unirl_run_start(recipe=recipe, run_dir=str(run_dir))
         random.seed(recipe.seed)
         torch.manual_seed(recipe.seed)
-        parts = self._build(run_dir)
         state = {"stage_index": 0, "stage_step": 0, "global_step": 0, "metrics_lines": 0}
-        if resume_from is not None:
-            ckpt = load_checkpoint(resume_from)
-            parts.trainer.load_state_dict(ckpt["trainer"])
-            parts.buffer.load_state_dict(ckpt["buffer"])
-            torch.set_rng_state(ckpt["rng"]["torch"])
-            state = ckpt["state"]
-            parts.task.load_state_dict(state["task"])
-            parts.rollout.load_state_dict(state["rollout"])
-            self.console.print(f"resuming from {resume_from} (global step {state['global_step']})")
-        writer = M.MetricsWriter(run_dir / "metrics.jsonl", keep_lines=state["metrics_lines"])
-
-        def checkpoint() -> Path:
-            snapshot = {**state, "metrics_lines": writer.lines, "task": parts.task.state_dict(),
-                        "rollout": parts.rollout.state_dict()}
-            return save_checkpoint(run_dir, global_step=state["global_step"], trainer_state=parts.trainer.state_dict(),
-                                   state=snapshot, buffer_state=parts.buffer.state_dict(), keep=recipe.checkpoint.keep)
-
-        status, stage, t_start, exported = "completed", None, time.perf_counter(), {}
+        status, exported, writer, t_start = "failed", {}, None, time.perf_counter()
+        self.current_stage = None
         try:
-            while state["stage_index"] < len(recipe.stages):
-                stage = recipe.stages[state["stage_index"]]
-                if state["stage_step"] == 0:
-                    parts.trainer.begin_stage(stage.type)
-                lr = stage.lr if stage.lr is not None else recipe.trainer.lr
-                bar = StageProgress(self.console, stage.name, stage.steps, state["stage_step"], recipe.run.log_every)
-                try:
-                    while state["stage_step"] < stage.steps:
-                        row = STEP_FUNCTIONS[stage.type](parts, stage, lr)
-                        state["stage_step"] += 1
-                        state["global_step"] += 1
-                        row[M.MEMORY_PEAK] = M.peak_memory_bytes()
-                        full = {"stage": stage.name, "stage_type": stage.type, "step": state["stage_step"],
-                                "global_step": state["global_step"], **row}
-                        writer.write(full)
-                        self.host.hook.unirl_step_end(stage=stage.name, step=state["stage_step"], metrics=dict(full))
-                        bar.update(state["stage_step"], full)
-                        if state["stage_step"] == stage.steps:
-                            state["stage_index"] += 1
-                            state["stage_step"] = 0
-                            checkpoint()
-                            break
-                        every = recipe.checkpoint.every
-                        if every and state["global_step"] % every == 0:
-                            checkpoint()
-                        if recipe.run.stop_after and state["global_step"] >= recipe.run.stop_after:
-                            checkpoint()
-                            status = "stopped"
-                            break
-                finally:
-                    bar.close()
-                if status == "stopped":
-                    break
-                if recipe.run.stop_after and state["global_step"] >= recipe.run.stop_after \
-                        and state["stage_index"] < len(recipe.stages):
-                    status = "stopped"
-                    break
+            parts = self._build(run_dir)
+            if resume_from is not None:
+                state = self._restore(parts, resume_from)
+            writer = M.MetricsWriter(run_dir / "metrics.jsonl", keep_lines=state["metrics_lines"])
+
+            def checkpoint() -> Path:
+                snapshot = {**state, "metrics_lines": writer.lines, "task": parts.task.state_dict(),
+                            "rollout": parts.rollout.state_dict()}
+                return save_checkpoint(run_dir, global_step=state["global_step"],
+                                       trainer_state=parts.trainer.state_dict(), state=snapshot,
+                                       buffer_state=parts.buffer.state_dict(), keep=recipe.checkpoint.keep)
+
+            status = self._stages(parts, state, writer, checkpoint)
             if status == "completed":
                 exported = parts.trainer.export(str(run_dir))
-        except (UnirlError, KeyboardInterrupt):
-            status = "failed"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        except UnirlError:
             raise
         except Exception as exc:
-            status = "failed"
+            stage = self.current_stage
             where = f"stage {stage.name!r} step {state['stage_step'] + 1}" if stage is not None else "start-up"
             raise RunError(f"run failed at {where}: {type(exc).__name__}: {exc}. Metrics and checkpoints so far are "
                            f"in {str(run_dir)!r}; continue with resume=auto once fixed.") from exc
         finally:
-            writer.close()
+            if writer is not None:
+                writer.close()
             summary = {"status": status, "global_step": state["global_step"], "stage_index": state["stage_index"],
                        "stage_step": state["stage_step"], "wall_s": round(time.perf_counter() - t_start, 3),
                        "exported": exported}
