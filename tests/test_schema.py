@@ -206,3 +206,18 @@ def test_unsupported_capability_exits_2_before_anything_is_built(override, needl
     err = " ".join(capsys.readouterr().err.split())
     assert needle in err
     assert not run_dir.exists()  # no run directory, no model: refused at validation
+
+
+class BareRollout:
+    @hookimpl
+    def unirl_register_rollouts(self, register):
+        register("bare", "nowhere_xyz:Rollout")  # no options, so no max_new_tokens
+
+
+def test_fixed_length_normaliser_needs_a_length():
+    host = new_plugin_host()
+    host.register_plugin(BareRollout(), "bare")
+    base = ["rollout.name=bare", "algorithm.loss_agg=seq_mean_token_sum_norm"]
+    with pytest.raises(ConfigError, match="set algorithm.loss_norm_length"):
+        load_recipe(DEMO, base, host=host)
+    assert load_recipe(DEMO, [*base, "algorithm.loss_norm_length=16"], host=host).algorithm.loss_norm_length == 16

@@ -47,6 +47,11 @@ def load_recipe(path: str | os.PathLike[str] | None, overrides: Sequence[str] = 
         cfg.backend_options = _validate_options(
             OmegaConf.to_container(cfg.backend_options), backend_reg.config_class, "backend_options"
         )
+    if cfg.algorithm.loss_agg == "seq_mean_token_sum_norm" and cfg.algorithm.loss_norm_length is None \
+            and any(st.type == "rl" for st in cfg.stages) and cfg.rollout.get("max_new_tokens") is None:
+        raise ConfigError("algorithm.loss_agg='seq_mean_token_sum_norm' divides by a fixed length: set "
+                          "algorithm.loss_norm_length (the rollout gives no max_new_tokens to default to).",
+                          key="algorithm.loss_norm_length", value=None)
     _check_capabilities(cfg, backend_reg, registry)
     _check_model_path(cfg)
     OmegaConf.set_readonly(cfg, True)
