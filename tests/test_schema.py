@@ -217,7 +217,7 @@ class BareRollout:
 def test_fixed_length_normaliser_needs_a_length():
     host = new_plugin_host()
     host.register_plugin(BareRollout(), "bare")
-    base = ["rollout.name=bare", "algorithm.loss_agg=seq_mean_token_sum_norm"]
+    base = ["rollout.name=bare", "algorithm.loss_agg=seq_mean_token_sum_norm", "stages=[{name: r, type: rl, steps: 1}]"]
     with pytest.raises(ConfigError, match="set algorithm.loss_norm_length"):
-        load_recipe(DEMO, base, host=host)
-    assert load_recipe(DEMO, [*base, "algorithm.loss_norm_length=16"], host=host).algorithm.loss_norm_length == 16
+        load_recipe(None, base, host=host)
+    assert load_recipe(None, [*base, "algorithm.loss_norm_length=16"], host=host).algorithm.loss_norm_length == 16
