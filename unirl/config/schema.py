@@ -18,7 +18,7 @@ from omegaconf import MISSING
 class RunSection:
     dir: str = "runs/unirl"  # the run directory: config.yaml, metrics.jsonl, checkpoints/, model/
     overwrite: bool = False  # start over in a run.dir that already holds a run
-    stop_after: Optional[int] = None  # stop cleanly (resumable) after this many optimizer steps
+    stop_after: Optional[int] = None  # stop cleanly (resumable) at this global step
     log_every: int = 10  # steps between progress lines when stdout is not a terminal
     threads: Optional[int] = None  # torch intra-op threads (None: torch's default)
 
@@ -96,14 +96,14 @@ class AlgorithmSection:
 class StageSection:
     name: str = MISSING
     type: str = MISSING  # one of unirl.config.choices.STAGE_TYPES
-    steps: int = MISSING  # optimizer steps in this stage
+    steps: int = MISSING  # steps in this stage (an rl step: ppo_epochs x mini_batches optimizer steps)
     batch_size: int = 16  # sft/cpt: texts per step; dpo/rm: pairs per step; rl: prompts (x group_size)
     lr: Optional[float] = None  # overrides trainer.lr in this stage
 
 
 @dataclass
 class CheckpointSection:
-    every: int = 0  # optimizer steps between checkpoints; 0 checkpoints only at stage ends
+    every: int = 0  # steps (global_step) between checkpoints; 0 checkpoints only at stage ends
     keep: int = 2  # newest checkpoints kept; older ones are deleted after a new one is complete
 
 
