@@ -202,3 +202,33 @@ def test_unloadable_model_fails_with_exit_1_and_a_run_record(short_overrides, tm
     err = " ".join(capsys.readouterr().err.split())
     assert "unirl: run failed:" in err and f"model.path='{broken}'" in err
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"
+
+
+def test_sigterm_checkpoints_the_finished_step_and_resumes_exactly(short_overrides, tmp_path):
+    """Preemption loses nothing: SIGTERM ends the current step, checkpoints it, exits 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    overrides = [*short_overrides, "stages.1.steps=40", "checkpoint.every=0"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert _run([*overrides, f"run.dir={full}"]) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "unirl", "run", str(DEMO), *overrides, f"run.dir={part}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((part / "metrics.jsonl").exists()
+                                          and len(read_rows(part)) >= 8):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-1500:] + err[-1500:]
+    status = json.loads((part / "run.json").read_text())
+    assert status["status"] == "interrupted" and "SIGTERM received" in out
+    assert 8 <= status["global_step"] < 44
+    assert (part / "checkpoints" / f"step-{status['global_step']:08d}").is_dir()
+    assert len(read_rows(part)) == status["global_step"]
+    assert _run([*overrides, f"run.dir={part}", "resume=auto"]) == 0
+    a, b = _weights(full), _weights(part)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [M.deterministic_view(r) for r in read_rows(full)] == [M.deterministic_view(r) for r in read_rows(part)]

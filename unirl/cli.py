@@ -34,10 +34,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         where = ", ".join(f"{k} -> {v}" for k, v in result["exported"].items())
         console.print(f"done: {result['global_step']} steps in {result['wall_s']:.1f}s; exported {where}",
                       highlight=False)
-    else:
-        console.print(f"stopped after global step {result['global_step']} (run.stop_after); continue with "
-                      f"resume=auto", highlight=False)
-    return 0
+        return 0
+    why = "run.stop_after" if result["status"] == "stopped" else "interrupted"
+    console.print(f"stopped after global step {result['global_step']} ({why}); continue with resume=auto",
+                  highlight=False)
+    return 0 if result["status"] == "stopped" else 130
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:

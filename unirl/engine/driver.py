@@ -129,7 +129,8 @@ class Driver:
         return state
 
     def _stages(self, parts: Any, state: dict[str, Any], writer: M.MetricsWriter, checkpoint: Any) -> str:
-        """Run the remaining steps; return ``"completed"`` or ``"stopped"`` (``run.stop_after``)."""
+        """Run the remaining steps; return ``"completed"``, ``"stopped"`` (``run.stop_after``) or
+        ``"interrupted"`` (SIGTERM / Ctrl-C, after checkpointing the step just finished)."""
         from unirl.engine.stages import STEP_FUNCTIONS
         from unirl.progress import StageProgress
 
@@ -159,13 +160,38 @@ class Driver:
                         state["stage_step"] = 0
                     finished = stage_done and state["stage_index"] == len(recipe.stages)
                     stopping = bool(stop_after) and state["global_step"] >= stop_after and not finished
-                    if stage_done or stopping or (every and state["global_step"] % every == 0):
+                    signalled = self._signal is not None and not finished
+                    if stage_done or stopping or signalled or (every and state["global_step"] % every == 0):
                         checkpoint()
+                    if signalled:
+                        self.console.print(f"{self._signal}: checkpoint written at global step "
+                                           f"{state['global_step']}; continue with resume=auto", highlight=False)
+                        return "interrupted"
                     if stopping:
                         return "stopped"
             finally:
                 bar.close()
         return "completed"
+
+    def _install_signal_handlers(self) -> Any:
+        """SIGTERM (preemption) or a first Ctrl-C finish the current step, checkpoint and stop;
+        a second Ctrl-C interrupts at once. Returns a function restoring the old handlers."""
+        import signal
+        import threading
+
+        self._signal = None
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self._signal = signal.Signals(signum).name
+            self.console.print(f"{self._signal} received: stopping after this step (Ctrl-C again to abort now)",
+                               highlight=False)
+
+        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return lambda: [signal.signal(sig, h) for sig, h in old.items()]
 
     def run(self) -> dict[str, Any]:
         import torch
@@ -183,6 +209,7 @@ class Driver:
         state = {"stage_index": 0, "stage_step": 0, "global_step": 0, "metrics_lines": 0}
         status, exported, writer, t_start = "failed", {}, None, time.perf_counter()
         self.current_stage = None
+        restore_signals = self._install_signal_handlers()
         try:
             parts = self._build(run_dir)
             if resume_from is not None:
@@ -210,6 +237,7 @@ class Driver:
             raise RunError(f"run failed at {where}: {type(exc).__name__}: {exc}. Metrics and checkpoints so far are "
                            f"in {str(run_dir)!r}; continue with resume=auto once fixed.") from exc
         finally:
+            restore_signals()
             if writer is not None:
                 writer.close()
             summary = {"status": status, "global_step": state["global_step"], "stage_index": state["stage_index"],
