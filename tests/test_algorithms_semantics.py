@@ -183,3 +183,15 @@ def test_gradient_accumulation_and_sharding_invariance(mode, seed):
     micro = grad([slice(i, i + 2) for i in range(0, 8, 2)])
     assert (full - micro).abs().max().item() < 1e-6
     assert full.abs().max().item() > 0
+
+
+def test_token_entropy_and_sft_loss_hand_computed():
+    from unirl.algorithms.policy_loss import sft_token_loss, token_entropy
+
+    logits = torch.zeros(1, 3, 4)
+    logits[0, 1] = torch.tensor([math.log(0.5), math.log(0.5), -1e9, -1e9])  # two equally likely tokens
+    ent = token_entropy(logits)
+    assert ent.shape == (1, 2)
+    close(ent, [[math.log(4), math.log(2)]])  # uniform over 4: ln 4 = 1.386294; over 2: ln 2
+    ids = torch.tensor([[3, 0, 1]])
+    close(sft_token_loss(logits, ids), [[math.log(4), math.log(2)]])  # -log(1/4), -log(1/2)
