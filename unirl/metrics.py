@@ -75,7 +75,10 @@ class MetricsWriter:
         self.path = Path(path)
         if keep_lines is not None:
             self._truncate(keep_lines)
-        self.lines = sum(1 for _ in open(self.path)) if self.path.exists() else 0
+        self.lines = 0
+        if self.path.exists():
+            with open(self.path) as fh:
+                self.lines = sum(1 for _ in fh)
         self._fh = open(self.path, "a")
 
     def _truncate(self, keep: int) -> None:

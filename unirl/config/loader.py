@@ -140,7 +140,7 @@ def _example(expected: str) -> str:
 
 
 def _merge_checked(cfg: Any, data: Any, source: str) -> None:
-    flat = _flatten(OmegaConf.to_container(data))
+    flat = flatten(OmegaConf.to_container(data))
     try:
         cfg.merge_with(data)
     except (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError, oc_errors.ValidationError) as exc:
@@ -173,13 +173,14 @@ def _update_checked(cfg: Any, key: str, value: Any) -> None:
                           key=key, value=value) from None
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Every node of nested dicts/lists by dotted path (``stages.0.steps``), containers included."""
     out: dict[str, Any] = {}
     items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
     for k, v in items:
         full = f"{prefix}{k}"
         out[full] = v
-        out.update(_flatten(v, full + "."))
+        out.update(flatten(v, full + "."))
     return out
 
 
@@ -291,7 +292,7 @@ def _validate_options(data: dict[str, Any], config_class: type | None, section: 
         schema.merge_with(data)
     except (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError, oc_errors.ValidationError) as exc:
         key = getattr(exc, "full_key", None) or ""
-        raise _translate(exc, schema, key, _flatten(data).get(key), "", prefix=f"{section}.") from None
+        raise _translate(exc, schema, key, flatten(data).get(key), "", prefix=f"{section}.") from None
     result = OmegaConf.to_container(schema)
     check = getattr(config_class, "validate", None)
     if check is not None:

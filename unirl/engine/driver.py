@@ -24,18 +24,10 @@ RESUME_FREE_KEYS = {"resume", "run.stop_after", "run.overwrite", "run.log_every"
 _OWNED = ("config.yaml", "metrics.jsonl", "checkpoints", "model", "critic", "reward_model", "base_model", "run.json")
 
 
-def _flat(cfg: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _leaves(cfg: Any) -> dict[str, Any]:
+    from unirl.config.loader import flatten
 
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{prefix}{k}.")
-        else:
-            out[prefix[:-1]] = node
-
-    walk(OmegaConf.to_container(cfg) if not isinstance(cfg, dict) else cfg, "")
-    return out
+    return {k: v for k, v in flatten(OmegaConf.to_container(cfg)).items() if not isinstance(v, (dict, list))}
 
 
 def prepare_run_dir(recipe: Any) -> tuple[Path, Path | None]:
@@ -49,7 +41,7 @@ def prepare_run_dir(recipe: Any) -> tuple[Path, Path | None]:
         if ckpt is not None:
             saved = OmegaConf.load(run_dir / "config.yaml") if (run_dir / "config.yaml").exists() else None
             if saved is not None:
-                old, new = _flat(saved), _flat(recipe)
+                old, new = _leaves(saved), _leaves(recipe)
                 changed = sorted(k for k in set(old) | set(new) if k not in RESUME_FREE_KEYS and old.get(k) != new.get(k))
                 if changed:
                     k = changed[0]

@@ -19,6 +19,7 @@ class KitContext:
     host: Any = None
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="unirl-conformance-")))
     model_dir: Path | None = None
+    cache: dict[str, Any] = field(default_factory=dict)  # per-context objects levels build once
 
     def __post_init__(self) -> None:
         if self.host is None:

@@ -59,12 +59,12 @@ def make_algo(**overrides: Any) -> Any:
 
 def _math(ctx: KitContext) -> Any:
     """The backend's math adapter, built once per context (None when it has none)."""
-    if not hasattr(ctx, "_l1_math"):
+    if "l1_math" not in ctx.cache:
         recipe = ctx.recipe(["stages=[{name: s, type: rl, steps: 1}]"] if ctx.claims("stages.type", "rl")
                             else ["stages=[{name: s, type: sft, steps: 1}]"])
         backend = ctx.backend_object(recipe)
-        ctx._l1_math = backend.math() if hasattr(backend, "math") else None
-    return ctx._l1_math
+        ctx.cache["l1_math"] = backend.math() if hasattr(backend, "math") else None
+    return ctx.cache["l1_math"]
 
 
 def _base_agg(ctx: KitContext) -> str:
