@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from unirl import hookimpl
+from unirl.rewards import FunctionRewardConfig
 from unirl.tasks.arithmetic import ArithmeticRewardConfig, ArithmeticTaskConfig
 from unirl.tasks.text_file import TextFileTaskConfig
 
@@ -19,3 +20,6 @@ def unirl_register_tasks(register):
 def unirl_register_rewards(register):
     register("arithmetic", "unirl.tasks.arithmetic:ArithmeticReward", config_class=ArithmeticRewardConfig,
              description="rule-based reward in [0, 1]: exact integer answer")
+    register("function", "unirl.rewards:load_function_reward", config_class=FunctionRewardConfig,
+             description="any TRL-style (prompts, completions, **kw) or verl-style compute_score function, "
+                         "by import path or .py file")

@@ -44,22 +44,72 @@ CANONICAL_KNOBS: dict[str, tuple[Any, ...]] = {
 
 
 @dataclass(frozen=True)
+class Fixed:
+    """A recipe key the framework hard-codes (``value``), e.g. TRL's GRPO advantage eps.
+
+    ``where`` names the framework source that fixes it. ``when`` lists canonical
+    ``(knob, value)`` pairs that must all be in the recipe for the key to matter. A recipe
+    asking for another value is refused when ``approximate`` is False (the difference
+    changes the algorithm); when True the run goes on with the framework's value, the
+    difference is printed and recorded in ``run.json`` as a deviation, and ``run.strict=true``
+    refuses it instead.
+    """
+
+    value: Any
+    where: str
+    when: tuple[tuple[str, Any], ...] = ()
+    approximate: bool = False
+
+
+@dataclass(frozen=True)
+class Deviation:
+    key: str
+    asked: Any
+    used: Any
+    where: str
+
+    def message(self, backend: str) -> str:
+        return (f"{self.key}={self.asked!r} cannot be expressed by backend {backend!r}: the framework fixes it at "
+                f"{self.used!r} ({self.where}); the run uses {self.used!r}. Set {self.key}={self.used!r} to compute "
+                f"exactly the same thing on every backend, or run.strict=true to refuse.")
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """A backend's declared abilities.
 
     ``mode``: ``"engine"`` (unirl's driver runs the loop, the framework trains) or
-    ``"trainer"`` (the framework runs its own loop from a translated config).
+    ``"trainer"`` (the framework runs its own loop for each stage, from a translated
+    config; the trainer object then has ``run_stage``).
     ``knobs``: canonical knob -> {value: Support}; ``stages.type`` lists the stage types.
+    ``fixed``: recipe keys the framework hard-codes (:class:`Fixed`).
     """
 
     mode: str = "engine"
     knobs: Mapping[str, Mapping[Any, Support]] = field(default_factory=dict)
+    fixed: Mapping[str, Fixed] = field(default_factory=dict)
 
     def support(self, key: str, value: Any) -> Support:
         values = self.knobs.get(key)
         if values is None:
             return Support.NATIVE
         return values.get(value, Support.UNSUPPORTED)
+
+    def fixed_values(self, recipe: Any) -> list[tuple[str, Any, Fixed]]:
+        """``(key, recipe value, Fixed)`` for every fixed key that matters to ``recipe`` and differs."""
+        from omegaconf import OmegaConf
+
+        used = {(k, v) for k, v, _ in recipe_knobs(recipe)}
+        out = []
+        for key, fixed in self.fixed.items():
+            asked = OmegaConf.select(recipe, key)
+            if all(pair in used for pair in fixed.when) and asked != fixed.value:
+                out.append((key, asked, fixed))
+        return out
+
+    def deviations(self, recipe: Any) -> list[Deviation]:
+        """The approximations a run of ``recipe`` on this backend makes (``Fixed.approximate``)."""
+        return [Deviation(key, asked, f.value, f.where) for key, asked, f in self.fixed_values(recipe) if f.approximate]
 
 
 def recipe_knobs(recipe: Any) -> list[tuple[str, Any, Any]]:

@@ -1,6 +1,7 @@
 """Reward functions in either framework's style, called one way by the driver.
 
-Accepted unchanged:
+Accepted unchanged, by every backend (the driver and the TRL backend call them the same way),
+from a plugin or from a recipe (``reward: {name: function, function: "module:name"}``):
 
 - TRL style: ``fn(prompts, completions, **kwargs) -> list[float]``; task fields (e.g.
   ``answer``) arrive as keyword lists, one value per completion;
@@ -13,9 +14,11 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from unirl.errors import RunError
+from unirl.errors import ConfigError, RunError, did_you_mean
 
 VERL_PARAMS = ("data_source", "solution_str", "ground_truth")
 
@@ -57,3 +60,50 @@ def adapt_reward_fn(fn: Callable[..., Any], *, data_source: str = "unirl") -> Ca
         return floats
 
     return checked
+
+
+@dataclass
+class FunctionRewardConfig:
+    """``reward: {name: function, function: "pkg.module:name"}`` or ``"path/to/file.py:name"``:
+    any TRL-style or verl-style reward function, unchanged, on every backend."""
+
+    function: str = ""
+
+    @staticmethod
+    def validate(cfg: FunctionRewardConfig) -> str | None:
+        target, sep, attr = cfg.function.rpartition(":")
+        if not sep or not target or not attr:
+            return (f"function={cfg.function!r}: give 'package.module:function' or 'path/to/file.py:function', "
+                    f"e.g. function=my_rewards:accuracy.")
+        if target.endswith(".py") and not Path(target).is_file():
+            return f"function={cfg.function!r}: the file {target!r} does not exist."
+        return None
+
+
+def load_function_reward(config: FunctionRewardConfig, ctx: Any = None) -> Callable[..., Any]:
+    """Import the function ``config.function`` names (a module path or a ``.py`` file)."""
+    import importlib
+    import importlib.util
+
+    target, _, attr = config.function.rpartition(":")
+    try:
+        if target.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(f"unirl_reward_{Path(target).stem}", target)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            import os
+            import sys
+
+            if os.getcwd() not in sys.path:  # modules next to the recipe, as with `python -m`
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(target)
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError(f"reward.function={config.function!r}: importing {target!r} failed: "
+                          f"{type(exc).__name__}: {exc}", key="reward.function", value=config.function) from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+        raise ConfigError(f"reward.function={config.function!r}: {target!r} has no function {attr!r}."
+                          f"{did_you_mean(attr, names)}", key="reward.function", value=config.function)
+    return fn

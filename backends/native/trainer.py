@@ -191,7 +191,8 @@ class NativeTrainer:
             ids = batch.input_ids[sl]
             logits = self._forward_logits("policy", ids, batch.attention_mask[sl])
             logp = token_logprobs(logits, ids)
-            with torch.no_grad():
+            # the entropy bonus is differentiated; without it entropy is only logged
+            with torch.set_grad_enabled(bool(algo.entropy_coef)):
                 entropy = token_entropy(logits)
             # Without stored behaviour log-probs the batch is on-policy: old = current (ratio 1).
             old = batch.old_logprobs[sl] if batch.old_logprobs is not None else logp.detach()

@@ -311,6 +311,14 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
             others = [r.name for r in registry.entries["backend"].values()
                       if r.capabilities is not None and r.capabilities.support(key, value) is not Support.UNSUPPORTED]
             raise CapabilityError(backend=backend_reg.name, key=key, value=shown, supported_by=others)
+    for key, asked, fixed in caps.fixed_values(cfg):
+        if fixed.approximate and not cfg.run.strict:
+            continue  # the driver prints and records it as a deviation
+        others = [r.name for r in registry.entries["backend"].values()
+                  if r.capabilities is not None and not any(k == key for k, _, _ in r.capabilities.fixed_values(cfg))]
+        hint = " (run.strict=true refuses approximations)" if fixed.approximate else ""
+        raise CapabilityError(backend=backend_reg.name, key=key, value=asked, supported_by=others,
+                              reason=f"the framework fixes it at {fixed.value!r}: {fixed.where}{hint}")
 
 
 def _looks_like_hub_id(path: str) -> bool:

@@ -21,6 +21,7 @@ class RunSection:
     stop_after: Optional[int] = None  # stop cleanly (resumable) at this global step
     log_every: int = 10  # steps between progress lines when stdout is not a terminal
     threads: Optional[int] = None  # torch intra-op threads (None: torch's default)
+    strict: bool = False  # refuse a recipe value the backend can only approximate (see Capabilities.fixed)
 
 
 @dataclass

@@ -70,7 +70,11 @@ class Driver:
     """Runs the stages of one recipe in engine mode."""
 
     def __init__(self, recipe: Any, host: Any, console: Any) -> None:
+        from unirl.capabilities import Capabilities
+
         self.recipe, self.host, self.console = recipe, host, console
+        self.capabilities = host.registry.get("backend", recipe.backend).capabilities or Capabilities()
+        self.deviations = self.capabilities.deviations(recipe)
 
     def _build(self, run_dir: Path) -> Any:
         import torch
@@ -122,48 +126,81 @@ class Driver:
 
     def _stages(self, parts: Any, state: dict[str, Any], writer: M.MetricsWriter, checkpoint: Any) -> str:
         """Run the remaining steps; return ``"completed"``, ``"stopped"`` (``run.stop_after``) or
-        ``"interrupted"`` (SIGTERM / Ctrl-C, after checkpointing the step just finished)."""
+        ``"interrupted"`` (SIGTERM / Ctrl-C, after checkpointing the step just finished).
+
+        Engine mode calls one step function per step; trainer mode hands each stage to the
+        trainer's ``run_stage``, which calls back after every optimizer step. Both go through
+        :meth:`_after_step`, so metrics, progress, checkpoints and stopping behave the same.
+        """
         from unirl.engine.stages import STEP_FUNCTIONS
         from unirl.progress import StageProgress
 
         recipe = self.recipe
-        stop_after, every = recipe.run.stop_after, recipe.checkpoint.every
+        trainer_mode = self.capabilities.mode == "trainer"
         while state["stage_index"] < len(recipe.stages):
             stage = self.current_stage = recipe.stages[state["stage_index"]]
             if state["stage_step"] == 0:
                 parts.trainer.begin_stage(stage.type)
             lr = stage.lr if stage.lr is not None else recipe.trainer.lr
             bar = StageProgress(self.console, stage.name, stage.steps, state["stage_step"], recipe.run.log_every)
+            outcome: list[str] = []
             try:
-                stage_done = False
-                while not stage_done:
-                    row = STEP_FUNCTIONS[stage.type](parts, stage, lr)
-                    state["stage_step"] += 1
-                    state["global_step"] += 1
-                    row[M.MEMORY_PEAK] = M.peak_memory_bytes()
-                    full = {"stage": stage.name, "stage_type": stage.type, "step": state["stage_step"],
-                            "global_step": state["global_step"], **row}
-                    writer.write(full)
-                    self.host.hook.unirl_step_end(stage=stage.name, step=state["stage_step"], metrics=dict(full))
-                    bar.update(state["stage_step"], full)
-                    stage_done = state["stage_step"] == stage.steps
-                    if stage_done:
-                        state["stage_index"] += 1
-                        state["stage_step"] = 0
-                    finished = stage_done and state["stage_index"] == len(recipe.stages)
-                    stopping = bool(stop_after) and state["global_step"] >= stop_after and not finished
-                    signalled = self._signal is not None and not finished
-                    if stage_done or stopping or signalled or (every and state["global_step"] % every == 0):
-                        checkpoint()
-                    if signalled:
-                        self.console.print(f"{self._signal}: checkpoint written at global step "
-                                           f"{state['global_step']}; continue with resume=auto", highlight=False)
-                        return "interrupted"
-                    if stopping:
-                        return "stopped"
+                if trainer_mode:
+                    def on_step(row: dict[str, float]) -> bool:
+                        result = self._after_step(stage, row, state, writer, bar, checkpoint)
+                        if result is not None:
+                            outcome.append(result)
+                        return result is not None  # True: the framework's loop must stop now
+
+                    parts.trainer.run_stage(stage, lr, parts=parts, start_step=state["stage_step"],
+                                            global_step=state["global_step"], on_step=on_step)
+                    if not outcome:
+                        raise RunError(f"stage {stage.name!r}: the {recipe.backend} trainer returned after step "
+                                       f"{state['stage_step']} of {stage.steps} without finishing the stage")
+                else:
+                    while not outcome:
+                        row = STEP_FUNCTIONS[stage.type](parts, stage, lr)
+                        result = self._after_step(stage, row, state, writer, bar, checkpoint)
+                        if result is not None:
+                            outcome.append(result)
             finally:
                 bar.close()
+            if outcome[0] != "next_stage":
+                return outcome[0]
         return "completed"
+
+    def _after_step(self, stage: Any, row: dict[str, float], state: dict[str, Any], writer: M.MetricsWriter,
+                    bar: Any, checkpoint: Any) -> str | None:
+        """Record one finished step; return None to go on, ``"next_stage"`` at the stage's end,
+        or ``"stopped"`` / ``"interrupted"`` / ``"completed"`` to end the run here."""
+        recipe = self.recipe
+        state["stage_step"] += 1
+        state["global_step"] += 1
+        row[M.MEMORY_PEAK] = M.peak_memory_bytes()
+        full = {"stage": stage.name, "stage_type": stage.type, "step": state["stage_step"],
+                "global_step": state["global_step"], **row}
+        writer.write(full)
+        self.host.hook.unirl_step_end(stage=stage.name, step=state["stage_step"], metrics=dict(full))
+        bar.update(state["stage_step"], full)
+        stage_done = state["stage_step"] == stage.steps
+        if stage_done:
+            state["stage_index"] += 1
+            state["stage_step"] = 0
+        finished = stage_done and state["stage_index"] == len(recipe.stages)
+        stop_after, every = recipe.run.stop_after, recipe.checkpoint.every
+        stopping = bool(stop_after) and state["global_step"] >= stop_after and not finished
+        signalled = self._signal is not None and not finished
+        if stage_done or stopping or signalled or (every and state["global_step"] % every == 0):
+            checkpoint()
+        if signalled:
+            self.console.print(f"{self._signal}: checkpoint written at global step "
+                               f"{state['global_step']}; continue with resume=auto", highlight=False)
+            return "interrupted"
+        if stopping:
+            return "stopped"
+        if finished:
+            return "completed"
+        return "next_stage" if stage_done else None
 
     def _install_signal_handlers(self) -> Any:
         """SIGTERM (preemption) or a first Ctrl-C finish the current step, checkpoint and stop;
@@ -194,6 +231,8 @@ class Driver:
         if recipe.run.threads:
             torch.set_num_threads(recipe.run.threads)
         run_dir, resume_from = prepare_run_dir(recipe)
+        for deviation in self.deviations:
+            self.console.print(f"[yellow]deviation:[/] {deviation.message(recipe.backend)}", highlight=False)
         OmegaConf.save(recipe, run_dir / "config.yaml")
         self.host.hook.unirl_run_start(recipe=recipe, run_dir=str(run_dir))
         random.seed(recipe.seed)
@@ -234,7 +273,9 @@ class Driver:
                 writer.close()
             summary = {"status": status, "global_step": state["global_step"], "stage_index": state["stage_index"],
                        "stage_step": state["stage_step"], "wall_s": round(time.perf_counter() - t_start, 3),
-                       "exported": exported}
+                       "exported": exported,
+                       "deviations": [{"key": d.key, "asked": d.asked, "used": d.used, "where": d.where}
+                                      for d in self.deviations]}
             (run_dir / "run.json").write_text(json.dumps(summary, indent=1))
             self.host.hook.unirl_run_end(run_dir=str(run_dir), status=status)
         return {**summary, "run_dir": str(run_dir)}

@@ -43,6 +43,12 @@ class KitContext:
     def claimed(self, key: str, values: tuple[Any, ...]) -> list[Any]:
         return [v for v in values if self.claims(key, v)]
 
+    def fixed_algorithm(self) -> dict[str, Any]:
+        """``algorithm.*`` values the backend hard-codes and runs as an approximation of any
+        other value (:class:`unirl.capabilities.Fixed`): checks use them."""
+        return {key.split(".", 1)[1]: f.value for key, f in self.capabilities.fixed.items()
+                if f.approximate and key.startswith("algorithm.")}
+
     def skip(self, check: str, level: str, key: str, value: Any) -> CheckResult:
         return CheckResult(check, level, "skipped", {key: shown(value)},
                            reason=f"backend {self.backend!r} declares {key}={shown(value)} unsupported")

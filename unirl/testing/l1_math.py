@@ -13,6 +13,8 @@ from unirl.testing.knobs import shown
 from unirl.testing.results import TOLERANCES, Case, CheckResult, compare
 
 B, L, GROUP = 6, 5, 3
+#: hard-coded framework values a check's result depends on, shown with its knobs
+_FIXED_SHOWN = {"advantages": ("adv_eps",)}
 
 
 @lru_cache(maxsize=1)
@@ -46,13 +48,17 @@ def fixed_tensors() -> dict[str, Any]:
     }
 
 
-def make_algo(**overrides: Any) -> Any:
+def make_algo(ctx: KitContext | None = None, **overrides: Any) -> Any:
+    """The algorithm section of a check: defaults, ``overrides``, and the values the backend
+    under test hard-codes (``Capabilities.fixed``, approximate ones), so a check compares the
+    framework with the reference at the value it actually computes."""
     from omegaconf import OmegaConf
 
     from unirl.config.schema import AlgorithmSection
 
     algo = OmegaConf.structured(AlgorithmSection)
-    for k, v in {"group_size": GROUP, **overrides}.items():
+    fixed = ctx.fixed_algorithm() if ctx is not None else {}
+    for k, v in {"group_size": GROUP, **fixed, **overrides}.items():
         algo[k] = v
     return algo
 
@@ -97,15 +103,15 @@ def _specs() -> list[tuple[str, str, Any, str, Builder]]:
         specs.append(("aggregate", "algorithm.loss_agg", mode, "aggregate", lambda ctx, t, mode=mode: (
             {"algorithm.loss_agg": mode}, lambda m: m.aggregate(t["loss_mat"], t["mask"], mode, L))))
         specs.append(("policy_loss", "algorithm.loss_agg", mode, "policy_loss", lambda ctx, t, mode=mode: (
-            {"algorithm.loss_agg": mode}, _policy(make_algo(loss_agg=mode), t))))
+            {"algorithm.loss_agg": mode}, _policy(make_algo(ctx, loss_agg=mode), t))))
     for adv in choices.ADVANTAGE:
         specs.append(("advantages", "algorithm.advantage", adv, "advantages", lambda ctx, t, adv=adv: (
-            {"algorithm.advantage": adv}, lambda m: m.advantages(make_algo(advantage=adv), t["scores"], t["mask"],
+            {"algorithm.advantage": adv}, lambda m: m.advantages(make_algo(ctx, advantage=adv), t["scores"], t["mask"],
                                                                  t["group_index"], t["values"], None))))
     for flag in (True, False):
         specs.append(("advantages", "algorithm.norm_adv_by_std", flag, "advantages", lambda ctx, t, flag=flag: (
             {"algorithm.advantage": "grpo", "algorithm.norm_adv_by_std": flag},
-            lambda m: m.advantages(make_algo(advantage="grpo", norm_adv_by_std=flag), t["scores"], t["mask"],
+            lambda m: m.advantages(make_algo(ctx, advantage="grpo", norm_adv_by_std=flag), t["scores"], t["mask"],
                                    t["group_index"], None, None))))
     for key in ("algorithm.kl_loss_estimator", "algorithm.kl_reward_estimator"):
         for est in choices.KL_ESTIMATORS:
@@ -117,19 +123,19 @@ def _specs() -> list[tuple[str, str, Any, str, Builder]]:
             lambda m: m.kl(t["logp"], t["big_ref_logp"], _base_kl(ctx), 5.0))),
         ("policy_loss", "kl.placement", "in_loss", "policy_loss", lambda ctx, t: (
             {"kl.placement": "in_loss", "algorithm.kl_loss_coef": 0.1, "algorithm.loss_agg": _base_agg(ctx)},
-            _policy(make_algo(loss_agg=_base_agg(ctx), kl_loss_coef=0.1, kl_loss_estimator=_base_kl(ctx)), t, ref=True))),
+            _policy(make_algo(ctx, loss_agg=_base_agg(ctx), kl_loss_coef=0.1, kl_loss_estimator=_base_kl(ctx)), t, ref=True))),
         ("advantages", "kl.placement", "in_reward", "advantages", lambda ctx, t: (
             {"kl.placement": "in_reward", "algorithm.kl_reward_coef": 0.1, "algorithm.advantage": _outcome(ctx)},
-            lambda m: m.advantages(make_algo(advantage=_outcome(ctx), kl_reward_coef=0.1), t["scores"], t["mask"],
+            lambda m: m.advantages(make_algo(ctx, advantage=_outcome(ctx), kl_reward_coef=0.1), t["scores"], t["mask"],
                                    t["group_index"], None,
                                    m.kl(t["logp"], t["ref_logp"], _base_kl(ctx, "algorithm.kl_reward_estimator", "k1"),
                                         None)))),
         ("policy_loss", "algorithm.dual_clip", ON, "policy_loss", lambda ctx, t: (
             {"algorithm.dual_clip": 3.0, "algorithm.loss_agg": _base_agg(ctx)},
-            _policy(make_algo(loss_agg=_base_agg(ctx), dual_clip=3.0), t))),
+            _policy(make_algo(ctx, loss_agg=_base_agg(ctx), dual_clip=3.0), t))),
         ("policy_loss", "algorithm.entropy_coef", ON, "policy_loss", lambda ctx, t: (
             {"algorithm.entropy_coef": 0.01, "algorithm.loss_agg": _base_agg(ctx)},
-            _policy(make_algo(loss_agg=_base_agg(ctx), entropy_coef=0.01), t, entropy=True))),
+            _policy(make_algo(ctx, loss_agg=_base_agg(ctx), entropy_coef=0.01), t, entropy=True))),
         ("value_loss", "algorithm.value_clip", ON, "value_loss", lambda ctx, t: (
             {"algorithm.value_clip": 0.2},
             lambda m: m.value_loss(t["values"], t["old_values"], t["returns"], t["mask"], 0.2))),
@@ -150,6 +156,8 @@ def _check(ctx: KitContext, name: str, key: str, value: Any, method: str, build:
     if not ctx.claims(key, value):
         return ctx.skip(name, "L1", key, value)
     knobs, call = build(ctx, fixed_tensors())
+    knobs.update({f"algorithm.{k}": f"{v} (fixed by the framework)" for k, v in ctx.fixed_algorithm().items()
+                  if k in _FIXED_SHOWN.get(name, ())})
     math = _math(ctx)
     if math is None or not hasattr(math, method):
         what = "no math() adapter" if math is None else f"a math adapter without {method}()"

@@ -115,9 +115,10 @@ def _policy_loss(model: Any, reference: Any, batch: Any, recipe: Any) -> Any:
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     mask = batch.response_mask[:, 1:].float()
     algo = recipe.algorithm
+    entropy = token_entropy(logits) if algo.entropy_coef else token_entropy(logits).detach()  # the bonus has a gradient
     loss, _ = policy_objective(logp=token_logprobs(logits, batch.input_ids), old_logp=batch.old_logprobs,
                                ref_logp=batch.ref_logprobs if algo.kl_loss_coef > 0 else None,
-                               advantages=batch.advantages, mask=mask, entropy=token_entropy(logits).detach(), algo=algo,
+                               advantages=batch.advantages, mask=mask, entropy=entropy, algo=algo,
                                normaliser=step_normaliser(mask, algo.loss_agg, norm_length=loss_norm_length(recipe)),
                                n_tokens=float(mask.sum()))
     return loss
@@ -127,7 +128,7 @@ def _examples() -> list[Any]:
     from unirl.protocols import Example
 
     return [Example(prompt=f"{a}+{b}=", answer=str(a + b), completion=str(a + b), rejected=str(a + b + 2))
-            for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 1)]]
+            for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 1), (2, 5)]]
 
 
 def _sft_loss(model: Any, reference: Any, batch: Any, recipe: Any) -> Any:
@@ -165,6 +166,8 @@ def _rl_case(ctx: KitContext, mode: str) -> CheckResult:
         extra.append("algorithm.kl_loss_coef=0.1")
     if ctx.claims("algorithm.dual_clip", "set"):
         extra.append("algorithm.dual_clip=3.0")
+    if ctx.claims("algorithm.entropy_coef", "set"):
+        extra.append("algorithm.entropy_coef=0.01")  # the bonus must reach the gradient
     if not ctx.claims("stages.type", "rl"):
         return ctx.skip("rl_step", "L2", "stages.type", "rl")
     if not ctx.claims("algorithm.loss_agg", mode):
@@ -187,7 +190,7 @@ def _stage_case(ctx: KitContext, stage: str) -> CheckResult:
                 _dpo_loss),
     }[stage]
     return _step_check(ctx, f"{stage}_step", {"stages.type": stage},
-                       [f"stages=[{{name: s, type: {stage}, steps: 1, batch_size: 5}}]"], stage, make, call, key, oracle)
+                       [f"stages=[{{name: s, type: {stage}, steps: 1, batch_size: 6}}]"], stage, make, call, key, oracle)
 
 
 def cases() -> list[Case]:

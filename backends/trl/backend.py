@@ -1,0 +1,40 @@
+"""The TRL backend object: builds the trainer, translates recipes, exposes TRL's math."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from unirl.protocols import BuildContext
+
+
+class TRLBackend:
+    """Each stage runs in TRL's own trainer (``Capabilities.mode == "trainer"``)."""
+
+    name = "trl"
+
+    def __init__(self, recipe: Any) -> None:
+        self.recipe = recipe
+        self.options = dict(recipe.backend_options) if recipe.backend_options else {}
+
+    def build_trainer(self, ctx: BuildContext) -> Any:
+        from unirl_backends.trl.trainer import TRLTrainer
+
+        return TRLTrainer(ctx, self.options)
+
+    def translate(self, recipe: Any) -> dict[str, Any]:
+        """``{stage name: SFTConfig | DPOConfig | GRPOConfig}``, validated by TRL's own classes."""
+        from unirl_backends.trl.trainer import quiet_trl
+        from unirl_backends.trl.translate import translate
+
+        quiet_trl()
+        return translate(recipe, output_dir=f"{recipe.run.dir}/trl", options=self.options)
+
+    def read_back(self, native: dict[str, Any]) -> list[tuple[str, Any]]:
+        from unirl_backends.trl.translate import read_back
+
+        return read_back(native)
+
+    def math(self) -> Any:
+        from unirl_backends.trl.math import TRLMath
+
+        return TRLMath(self.recipe)

@@ -1,0 +1,80 @@
+"""Registration of the TRL backend. Imports nothing heavy: TRL loads only when a run builds it.
+
+The capability table says, per canonical knob value, what TRL 1.16 computes with its own
+code. Everything it cannot express is left out (unsupported), with the reason in
+``docs/semantics.md`` ("TRL backend"); hard-coded framework constants are ``fixed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from unirl import hookimpl
+from unirl.capabilities import Capabilities, Fixed, Support
+
+N = Support.NATIVE
+_RL = ("stages.type", "rl")
+
+CAPABILITIES = Capabilities(
+    mode="trainer",
+    knobs={
+        # SFTTrainer (sft: completion-only loss; cpt: raw text), DPOTrainer, GRPOTrainer.
+        # rm: TRL's RewardTrainer is not wired up yet.
+        "stages.type": {"sft": N, "cpt": N, "dpo": N, "rl": N},
+        # GRPOTrainer computes group-relative advantages only (RLOO and PPO are other trainers).
+        "algorithm.advantage": {"grpo": N},
+        "algorithm.norm_adv_by_std": {True: N, False: N},  # scale_rewards="group" / "none"
+        # loss_type: dapo (global token mean), grpo, luspo, dr_grpo
+        "algorithm.loss_agg": {"token_mean": N, "seq_mean_token_mean": N, "seq_mean_token_sum": N,
+                               "seq_mean_token_sum_norm": N},
+        "kl.placement": {"in_loss": N},  # beta * k3 in the loss; TRL has no KL-in-reward
+        "algorithm.kl_loss_estimator": {"k3": N},  # with use_bias_correction_kl=False
+        "algorithm.kl_reward_estimator": {},
+        "algorithm.kl_clamp": {},
+        "algorithm.dual_clip": {},
+        "algorithm.entropy_coef": {},  # TRL's bonus is a per-micro-batch token mean, whatever loss_type
+        "algorithm.value_clip": {},
+        "algorithm.dpo_loss": {"sigmoid": N},  # TRL's ipo divides the log-ratios by completion length
+        "algorithm.label_smoothing": {},  # TRL's sigmoid ignores it; its robust loss is a different formula
+    },
+    fixed={
+        "algorithm.adv_eps": Fixed(1e-4, "trl/trainer/grpo_trainer.py: advantages / (std_rewards + 1e-4)",
+                                   when=(_RL, ("algorithm.norm_adv_by_std", True)), approximate=True),
+        "rollout.temperature": Fixed(1.0, "TRL computes the policy log-probs from logits / temperature "
+                                     "(add_fused_lm_head in grpo_trainer.py); unirl from the raw logits", when=(_RL,)),
+        "algorithm.ppo_epochs": Fixed(1, "GRPOTrainer's num_iterations reuses a batch for whole optimizer steps, "
+                                      "not unirl's epochs of one step", when=(_RL,)),
+        "algorithm.mini_batches": Fixed(1, "GRPOTrainer takes one optimizer step per generation batch here",
+                                        when=(_RL,)),
+        "trainer.weight_decay": Fixed(0.0, "transformers' Trainer.create_optimizer exempts biases and norm weights "
+                                      "from weight decay; unirl decays every parameter"),
+    },
+)
+
+
+@dataclass
+class TRLOptions:
+    """``backend_options`` for ``backend=trl``."""
+
+    use_vllm: bool = False  # generate with vLLM (CUDA and the vllm package needed)
+    vllm_mode: str = "colocate"  # colocate | server
+    vllm_gpu_memory_utilization: float = 0.3
+    device: str = "auto"  # auto (CUDA when available) | cpu | cuda
+
+    @staticmethod
+    def validate(cfg: TRLOptions) -> str | None:
+        if cfg.vllm_mode not in ("colocate", "server"):
+            return f"vllm_mode={cfg.vllm_mode!r}; allowed: 'colocate', 'server'."
+        if cfg.device not in ("auto", "cpu", "cuda"):
+            return f"device={cfg.device!r}; allowed: 'auto', 'cpu', 'cuda'."
+        if not 0 < cfg.vllm_gpu_memory_utilization <= 1:
+            return f"vllm_gpu_memory_utilization={cfg.vllm_gpu_memory_utilization} must be in (0, 1]."
+        if cfg.use_vllm and cfg.device == "cpu":
+            return "use_vllm=true needs a CUDA device; device='cpu' was given."
+        return None
+
+
+@hookimpl
+def unirl_register_backends(register):
+    register("trl", "unirl_backends.trl.backend:TRLBackend", capabilities=CAPABILITIES, config_class=TRLOptions,
+             description="TRL 1.16: SFTTrainer, DPOTrainer, GRPOTrainer run each stage with their own loop")

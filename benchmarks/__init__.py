@@ -1,0 +1,1 @@
+"""Benchmarks: each prints measured ratios; none is a pass/fail timing test."""
