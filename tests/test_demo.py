@@ -10,16 +10,18 @@ from tests.conftest import DEMO, read_rows, run_cli
 
 
 @pytest.mark.slow
-def test_demo_recipe_learns(tmp_path):
+@pytest.mark.parametrize("backend", ["native", "trl"])
+def test_demo_recipe_learns(tmp_path, backend):
+    """The same rule on every backend that runs the recipe: reward gain and greedy accuracy."""
     run_dir = tmp_path / "demo"
-    proc = run_cli("run", str(DEMO), f"run.dir={run_dir}", timeout=900)
+    proc = run_cli("run", str(DEMO), f"run.dir={run_dir}", f"backend={backend}", timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = [r for r in read_rows(run_dir) if r["stage_type"] == "rl"]
     assert len(rows) == 300
     k = len(rows) // 10
     first = sum(r["reward/mean"] for r in rows[:k]) / k
     last = sum(r["reward/mean"] for r in rows[-k:]) / k
-    print(f"demo: reward/mean first 10% {first:.3f}, last 10% {last:.3f}, gain {last - first:+.3f}; "
+    print(f"demo on {backend}: reward/mean first 10% {first:.3f}, last 10% {last:.3f}, gain {last - first:+.3f}; "
           f"wall {json.loads((run_dir / 'run.json').read_text())['wall_s']} s")
     assert last - first >= 0.15, (first, last)
 
@@ -34,5 +36,5 @@ def test_demo_recipe_learns(tmp_path):
     answers = tok.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
     correct = sum(ans.strip() == str(a + b) for ans, (a, b) in zip(answers, [(a, b) for a in range(10)
                                                                               for b in range(10)]))
-    print(f"demo: greedy accuracy of the exported model on all 100 sums: {correct}/100")
+    print(f"demo on {backend}: greedy accuracy of the exported model on all 100 sums: {correct}/100")
     assert correct >= 30

@@ -19,20 +19,23 @@ CASES = [
     ("rloo_tiny", "reward/mean", +0.1),
     ("reinforce_pp_tiny", "reward/mean", +0.1),
 ]
+#: the same rules on backend=trl, for the recipes TRL can express
+TRL_CASES = [("sft_tiny", "loss/sft", -1.0), ("dpo_tiny", "rewards/margin", +0.3), ("cpt_tiny", "loss/cpt", -1.0)]
+RUNS = [(*c, "native") for c in CASES] + [(*c, "trl") for c in TRL_CASES]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe, metric, change", CASES, ids=[c[0] for c in CASES])
-def test_tiny_recipe_learns(recipe, metric, change, tmp_path):
+@pytest.mark.parametrize("recipe, metric, change, backend", RUNS, ids=[f"{c[0]}-{c[3]}" for c in RUNS])
+def test_tiny_recipe_learns(recipe, metric, change, backend, tmp_path):
     run_dir = tmp_path / recipe
-    proc = run_cli("run", f"configs/{recipe}.yaml", f"run.dir={run_dir}")
+    proc = run_cli("run", f"configs/{recipe}.yaml", f"run.dir={run_dir}", f"backend={backend}")
     assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
     rows = read_rows(run_dir)
     last_stage = rows[-1]["stage"]
     values = [r[metric] for r in rows if r["stage"] == last_stage]
     k = max(1, len(values) // 5)
     first, last = sum(values[:k]) / k, sum(values[-k:]) / k
-    print(f"{recipe}: {metric} first 20% {first:.4f} -> last 20% {last:.4f}")
+    print(f"{recipe} on {backend}: {metric} first 20% {first:.4f} -> last 20% {last:.4f}")
     if change > 0:
         assert last - first >= change, (first, last)
     else:

@@ -31,7 +31,17 @@ from unirl.protocols import BuildContext
 from unirl_backends.trl.translate import stage_config, use_cuda
 
 
+class _DropIntendedWarnings:
+    """TRL warns that ``loss_type='luspo'`` usually goes with sequence-level importance
+    sampling; unirl uses its token-level form on purpose (``seq_mean_token_sum``)."""
+
+    def filter(self, record: Any) -> bool:
+        return "'luspo'" not in record.getMessage()
+
+
 def quiet_trl() -> None:
+    """No second progress display and no telemetry; TRL's other warnings still show."""
+    import logging
     import os
 
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -42,6 +52,9 @@ def quiet_trl() -> None:
     datasets.logging.set_verbosity_error()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
+    if not any(isinstance(f, _DropIntendedWarnings) for f in trl_logger.filters):
+        trl_logger.addFilter(_DropIntendedWarnings())
 
 
 class TRLTrainer:

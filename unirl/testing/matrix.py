@@ -59,6 +59,18 @@ def render(host: Any | None = None) -> str:
     for key, value in all_knob_values():
         subject = f"{key}={shown(value)}"
         lines.append(f"| `{key}` | `{shown(value)}` | " + " | ".join(cells[subject][b] for b in backends) + " |")
+    fixed = [(b, key, f) for b in backends for key, f in
+             (host.registry.get("backend", b).capabilities.fixed.items()
+              if host.registry.get("backend", b).capabilities else [])]
+    if fixed:
+        lines += ["", "## Values the framework hard-codes", "",
+                  "A recipe asking for another value is refused, or for approximate ones run with the framework's",
+                  "value, printed as a `deviation:` and recorded in `run.json` (`run.strict=true` refuses).", "",
+                  "| backend | key | fixed at | when | another value | where |", "|---|---|---|---|---|---|"]
+        for b, key, f in fixed:
+            when = ", ".join(f"`{k}={shown(v)}`" for k, v in f.when) or "always"
+            lines.append(f"| {b} | `{key}` | `{f.value!r}` | {when} | "
+                         f"{'deviation' if f.approximate else 'refused'} | {f.where} |")
     return "\n".join(lines) + "\n"
 
 

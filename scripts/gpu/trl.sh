@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# GPU check of the TRL backend, from the repository root on a CUDA machine (a few minutes):
+#   1. the tiny GRPO demo with backend=trl on CUDA (transformers generation): must learn;
+#   2. the same with vLLM colocated, when the vllm package is installed;
+#   3. a Qwen2.5-0.5B-size model (QWEN05B_PATH if given, else random weights of that shape:
+#      hidden 896, 24 layers, 14 heads, 2 KV heads, MLP 4864; byte-level vocabulary) for 20 GRPO
+#      steps in bfloat16: seconds per step and peak GPU memory.
+# Results (metrics, run.json, a summary) go to $OUT (default /tmp/unirl-gpu-trl).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+PY="${PYTHON:-.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+out="${OUT:-/tmp/unirl-gpu-trl}"
+mkdir -p "$out"
+"$PY" - <<'PY'
+import torch, trl
+assert torch.cuda.is_available(), "no CUDA device visible: this script is for a GPU machine"
+print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; trl {trl.__version__}")
+PY
+summary() {  # run dir, stage name
+  "$PY" - "$1" "$2" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl")]
+rl = [r for r in rows if r["stage"] == sys.argv[2]]
+k = max(1, len(rl) // 10)
+mean = lambda xs, key: sum(r[key] for r in xs) / len(xs)
+print(f"{sys.argv[1]}: {len(rl)} rl steps; reward/mean first 10% {mean(rl[:k], 'reward/mean'):.3f} -> last 10% "
+      f"{mean(rl[-k:], 'reward/mean'):.3f}; {mean(rl, 'time/step_s'):.3f} s/step; "
+      f"peak memory {max(r['memory/peak_bytes'] for r in rl) / 2**30:.2f} GiB")
+PY
+}
+echo "== 1. tiny GRPO demo, backend=trl, CUDA"
+"$PY" -m unirl run configs/grpo_tiny.yaml backend=trl backend_options.device=cuda run.dir="$out/tiny" \
+  run.overwrite=true | tail -n 3
+summary "$out/tiny" grpo | tee -a "$out/summary.txt"
+if "$PY" -c "import vllm" 2>/dev/null; then
+  echo "== 2. tiny GRPO demo with vLLM colocated"
+  "$PY" -m unirl run configs/grpo_tiny.yaml backend=trl backend_options.device=cuda backend_options.use_vllm=true \
+    backend_options.vllm_mode=colocate stages.1.steps=100 run.dir="$out/tiny-vllm" run.overwrite=true | tail -n 3
+  summary "$out/tiny-vllm" grpo | tee -a "$out/summary.txt"
+else
+  echo "== 2. skipped: the vllm package is not installed" | tee -a "$out/summary.txt"
+fi
+echo "== 3. Qwen2.5-0.5B-size model, 20 GRPO steps, bfloat16"
+model_args=(model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_layers=24
+            model.tiny.num_heads=14 model.tiny.num_kv_heads=2 model.tiny.max_position_embeddings=512)
+[ -n "${QWEN05B_PATH:-}" ] && model_args=("model.path=$QWEN05B_PATH")
+"$PY" -m unirl run configs/grpo_tiny.yaml backend=trl backend_options.device=cuda "${model_args[@]}" \
+  model.dtype=bfloat16 'stages=[{name: grpo, type: rl, steps: 20, batch_size: 16, lr: 1.0e-6}]' \
+  trainer.micro_batch_size=32 rollout.max_new_tokens=32 checkpoint.every=0 run.dir="$out/qwen05b" \
+  run.overwrite=true | tail -n 3
+summary "$out/qwen05b" grpo | tee -a "$out/summary.txt"
