@@ -21,11 +21,12 @@ _INTEGER = re.compile(r"\s*(-?\d+)\s*")
 
 
 def exact_answer(prompts, completions, answer, **kwargs):
-    """1.0 for exactly the integer answer, else 0.0 (unirl's ``arithmetic`` reward rule)."""
+    """1.0 for exactly the answer's digits (surrounding spaces allowed), else 0.0: unirl's
+    ``arithmetic`` reward rule ("07" is not "7")."""
     out = []
     for completion, ref in zip(completions, answer):
         m = _INTEGER.fullmatch(completion)
-        out.append(1.0 if m is not None and int(m.group(1)) == int(ref) else 0.0)
+        out.append(1.0 if m is not None and m.group(1) == str(ref).strip() else 0.0)
     return out
 
 
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--micro", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dump-config", default=None)
+    parser.add_argument("--log-history", default=None, help="write TRL's per-step logs here (JSON)")
     args = parser.parse_args()
 
     import torch
@@ -73,6 +75,9 @@ def main() -> None:
                           processing_class=tokenizer)
     trainer.train()
     trainer.save_model(os.path.join(args.out, "model"))
+    if args.log_history:
+        with open(args.log_history, "w") as fh:
+            json.dump(trainer.state.log_history, fh)
 
 
 if __name__ == "__main__":

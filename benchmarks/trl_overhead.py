@@ -1,7 +1,7 @@
 """Overhead of unirl over plain TRL: the same GRPO job, ``unirl run ... backend=trl`` vs a
 plain TRL script (``benchmarks/plain_trl_grpo.py``), repetitions interleaved in one run.
 
-Both get the same tiny model directory, the same prompts (the arithmetic task's first
+Both get the same model directory (the tiny model after 60 SFT steps), the same prompts (the arithmetic task's first
 ``steps x batch`` examples for the seed, which is what the unirl stage trains on), the same
 reward rule, seed, step count and GRPO settings (checked: the plain script's GRPOConfig is
 compared with the one unirl translates). Each job is a fresh process, timed end to end
@@ -41,7 +41,12 @@ def prepare(work: Path, steps: int, batch: int, group: int, micro: int) -> tuple
     from unirl.testing.components import build_component
     from unirl_backends.trl.translate import stage_config
 
-    model = build_tiny_model(work / "model", seed=0)
+    # GRPO needs a policy that sometimes answers right: warm-start the tiny model with SFT first
+    base = build_tiny_model(work / "base", seed=0)
+    subprocess.run([sys.executable, "-m", "unirl", "run", str(ROOT / "configs" / "sft_tiny.yaml"),
+                    f"model.path={base}", f"run.dir={work / 'sft'}", "stages.0.steps=60", "checkpoint.every=0"],
+                   check=True, capture_output=True, cwd=ROOT)
+    model = work / "sft" / "model"
     overrides = _recipe_overrides(model, work / "unirl-run", steps, batch, group, micro)
     recipe = load_recipe(ROOT / "configs" / "grpo_tiny.yaml", overrides)
     task = build_component("task", "arithmetic", dict(recipe.task), ctx=BuildContext(recipe, "", str(model)),
@@ -60,13 +65,26 @@ def prepare(work: Path, steps: int, batch: int, group: int, micro: int) -> tuple
     return model, prompts, differ
 
 
-def _timed(cmd: list[str]) -> float:
+def _timed(cmd: list[str]) -> tuple[float, float]:
+    """Wall time and CPU time (user + system) of one job in a fresh process."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return wall
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def _same_metrics(plain_log: Path, unirl_metrics: Path) -> int:
+    """Steps whose logged reward, loss, gradient norm and KL are equal in both jobs."""
+    plain = [r for r in json.loads(plain_log.read_text()) if "loss" in r]
+    ours = [json.loads(line) for line in unirl_metrics.read_text().splitlines()]
+    pairs = (("reward", "reward/mean"), ("loss", "loss/total"), ("grad_norm", "grad/norm"), ("kl", "kl/mean"))
+    return sum(all(p.get(a) == u.get(b) for a, b in pairs) for p, u in zip(plain, ours))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,17 +108,26 @@ def main(argv: list[str] | None = None) -> int:
     plain_cmd = [sys.executable, str(ROOT / "benchmarks" / "plain_trl_grpo.py"), "--model", str(model), "--prompts",
                  str(prompts), "--out", str(work / "plain-run"), "--steps", str(args.steps), "--batch",
                  str(args.batch), "--group", str(args.group), "--micro", str(args.micro)]
+    plain_cmd += ["--log-history", str(work / "plain-log.json")]
     times: dict[str, list[float]] = {"unirl": [], "plain": []}
+    cpu: dict[str, list[float]] = {"unirl": [], "plain": []}
     for rep in range(args.reps):
         order = ["unirl", "plain"] if rep % 2 == 0 else ["plain", "unirl"]
         for name in order:
-            times[name].append(_timed(unirl_cmd if name == "unirl" else plain_cmd))
-        print(f"rep {rep + 1}: unirl {times['unirl'][-1]:.2f} s, plain TRL {times['plain'][-1]:.2f} s, "
-              f"ratio {times['unirl'][-1] / times['plain'][-1]:.3f}", flush=True)
+            wall, used = _timed(unirl_cmd if name == "unirl" else plain_cmd)
+            times[name].append(wall)
+            cpu[name].append(used)
+        print(f"rep {rep + 1}: wall unirl {times['unirl'][-1]:.2f} s, plain TRL {times['plain'][-1]:.2f} s "
+              f"(ratio {times['unirl'][-1] / times['plain'][-1]:.3f}); CPU unirl {cpu['unirl'][-1]:.2f} s, "
+              f"plain {cpu['plain'][-1]:.2f} s (ratio {cpu['unirl'][-1] / cpu['plain'][-1]:.3f})", flush=True)
+    same = _same_metrics(work / "plain-log.json", work / "unirl-run" / "metrics.jsonl")
+    print(f"per-step reward, loss, grad norm and KL identical to plain TRL's: {same}/{args.steps} steps")
     ratio = statistics.median(times["unirl"]) / statistics.median(times["plain"])
     print(f"median wall time: unirl {statistics.median(times['unirl']):.2f} s, plain TRL "
           f"{statistics.median(times['plain']):.2f} s; ratio unirl/plain = {ratio:.3f} "
-          f"({'within' if ratio <= args.target else 'ABOVE'} the {args.target} target)")
+          f"({'within' if ratio <= args.target else 'ABOVE'} the {args.target} target); CPU-time ratio "
+          f"{statistics.median(cpu['unirl']) / statistics.median(cpu['plain']):.3f}; min-wall ratio "
+          f"{min(times['unirl']) / min(times['plain']):.3f}")
     return 0
 
 

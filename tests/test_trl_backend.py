@@ -153,3 +153,20 @@ def test_wrong_loss_mapping_fails_l2(monkeypatch):
     monkeypatch.setitem(translate.LOSS_TYPE, "token_mean", "bnpo")
     result = l2_step._rl_case(KitContext("trl"), "token_mean")
     assert result.status == "failed" and result.max_rel > 0.1, result.reason
+
+
+def test_vllm_generation_needs_cuda_and_says_so(short_overrides, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA; the check is for CPU-only machines")
+    proc = run_cli("run", str(DEMO), *short_overrides, "backend=trl", "backend_options.use_vllm=true")
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    assert "backend_options.use_vllm=true needs a CUDA device" in proc.stderr
+
+
+def test_backend_options_are_validated():
+    with pytest.raises(ConfigError, match="vllm_mode='remote'; allowed: 'colocate', 'server'"):
+        load_recipe(DEMO, ["backend=trl", "backend_options.vllm_mode=remote"])
+    with pytest.raises(ConfigError, match="unknown key 'backend_options.use_vlm'"):
+        load_recipe(DEMO, ["backend=trl", "backend_options.use_vlm=true"])

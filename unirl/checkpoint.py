@@ -5,7 +5,8 @@ Layout: ``<run.dir>/checkpoints/step-<global_step:08d>/`` holding
 - ``model-<name>.safetensors`` for each of the trainer's models (policy, reference, critic,
   reward_model, as the run has them);
 - ``trainer.pt``: optimizers and any other trainer state (loaded with ``weights_only=True``);
-- ``rng.pt``: torch's CPU generator state; ``buffer.pt``: the replay buffer;
+- ``rng.pt``: torch's CPU generator state (and the CUDA ones when CUDA is in use);
+  ``buffer.pt``: the replay buffer;
 - ``state.json``: stage index, step, global step, task data position, rollout state and the
   number of ``metrics.jsonl`` rows the checkpoint covers. It is written last; a folder is
   complete only once it has been renamed from its ``.tmp`` name, so a crash mid-write never
@@ -70,7 +71,10 @@ def save_checkpoint(run_dir: str | Path, *, global_step: int, trainer_state: dic
         # clone: tied weights share storage, which safetensors refuses to write twice
         save_file({k: v.detach().clone().contiguous() for k, v in tensors.items()}, str(tmp / _MODEL_FILE.format(name)))
     torch.save(rest, tmp / "trainer.pt")
-    torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(rng, tmp / "rng.pt")
     torch.save(buffer_state, tmp / "buffer.pt")
     with open(tmp / "state.json", "w") as fh:
         json.dump(state, fh, indent=1)

@@ -38,6 +38,7 @@ TOKENS_GENERATED = "tokens/generated"
 TOKENS_TRAINED = "tokens/trained"
 THROUGHPUT = "throughput/tokens_per_s"
 MEMORY_PEAK = "memory/peak_bytes"
+GPU_MEMORY_PEAK = "memory/gpu_peak_bytes"
 
 #: Keys every row of a stage type must carry.
 #: (``kl/mean`` needs a reference: present when a KL coefficient is set; ``loss/value`` with a critic.)
@@ -53,9 +54,17 @@ NONDETERMINISTIC_PREFIXES = ("time/", "throughput/", "memory/")
 
 
 def peak_memory_bytes() -> int:
-    """Peak resident set size of this process (CPU); CUDA backends report device peak instead."""
+    """Peak resident set size of this process (CPU memory)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def gpu_peak_memory_bytes() -> int | None:
+    """Peak CUDA memory allocated by torch in this process, or None when CUDA is not in use."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.max_memory_allocated())
 
 
 def deterministic_view(row: dict[str, Any]) -> dict[str, Any]:

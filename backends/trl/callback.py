@@ -1,7 +1,9 @@
 """The bridge from TRL's training loop to unirl's driver: one ``TrainerCallback``.
 
-Per optimizer step it reseeds torch from ``(seed, global step)`` (so a resumed stage
-draws exactly what the uninterrupted one drew, whatever TRL's loop consumed before),
+TRL seeds torch when its trainer is built, as in a plain TRL script, so an uninterrupted
+stage draws exactly the random numbers plain TRL draws. A resumed stage restores the
+generator state of its checkpoint just before its first step (after TRL's seeding and its
+data loader's draws), so it continues the uninterrupted stream. Per optimizer step it
 turns TRL's log of that step into a unirl metrics row (shared names; everything else kept
 under ``trl/``), hands it to the driver and stops TRL's loop when the driver says so
 (``run.stop_after``, SIGTERM, end of stage). It also loads the optimizer state a stage
@@ -34,11 +36,6 @@ _SUMMARY_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_s
 _CUMULATIVE = {"num_tokens", "epoch"}
 
 
-def step_seed(seed: int, global_step: int) -> int:
-    """The torch seed of one optimizer step: a function of the run seed and the step only."""
-    return (seed * 1_000_003 + global_step * 7_919 + 1) % (2**63 - 1)
-
-
 def map_logs(logs: dict[str, Any], stage_type: str) -> dict[str, float]:
     row: dict[str, float] = {}
     for key, value in logs.items():
@@ -54,10 +51,11 @@ def map_logs(logs: dict[str, Any], stage_type: str) -> dict[str, float]:
 
 
 class UnirlCallback(TrainerCallback):
-    def __init__(self, *, stage_type: str, seed: int, global_step: int, on_step: Callable[[dict[str, float]], bool],
-                 optimizer_state: dict[str, Any] | None, completions_per_step: int = 0) -> None:
-        self.stage_type, self.seed, self.base_step = stage_type, seed, global_step
-        self.on_step, self.optimizer_state = on_step, optimizer_state
+    def __init__(self, *, stage_type: str, on_step: Callable[[dict[str, float]], bool],
+                 optimizer_state: dict[str, Any] | None, rng_state: dict[str, Any] | None = None,
+                 completions_per_step: int = 0) -> None:
+        self.stage_type, self.on_step = stage_type, on_step
+        self.optimizer_state, self.rng_state = optimizer_state, rng_state
         self.completions_per_step = completions_per_step
         self.t_step = time.perf_counter()
         self.tokens_seen = None
@@ -68,9 +66,13 @@ class UnirlCallback(TrainerCallback):
         self.optimizer_state = None
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        import torch
+        if self.rng_state is not None:
+            import torch
 
-        torch.manual_seed(step_seed(self.seed, self.base_step + state.global_step))
+            torch.set_rng_state(self.rng_state["torch"])
+            if "cuda" in self.rng_state:
+                torch.cuda.set_rng_state_all(self.rng_state["cuda"])
+            self.rng_state = None
         self.t_step = time.perf_counter()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> Any:

@@ -14,7 +14,8 @@ optimizer TRL's ``create_optimizer`` built from the translated config.
 
 Exact resume: a stage samples all its examples when it starts and records the task's
 position before; a resumed stage restores that position, samples the same examples and
-skips the finished steps. Every step reseeds torch from ``(seed, global step)``.
+skips the finished steps; the random generator continues from the checkpoint's state (see
+:mod:`unirl_backends.trl.callback`). An uninterrupted stage draws what plain TRL draws.
 """
 
 from __future__ import annotations
@@ -166,9 +167,15 @@ class TRLTrainer:
         rows = stage_rows(stage.type, examples)[start_step * stage.batch_size:]
         config = stage_config(self.recipe, stage, output_dir=str(self.run_dir / "trl" / stage.name),
                               steps=stage.steps - start_step, options=self.options, lr=lr)
-        callback = UnirlCallback(stage_type=stage.type, seed=self.recipe.seed, global_step=global_step,
-                                 on_step=on_step, optimizer_state=self.optimizer_state,
-                                 completions_per_step=stage.batch_size * self.recipe.algorithm.group_size)
+        rng = None
+        if start_step > 0:  # continue the generator stream of the interrupted stage (restored by the driver)
+            import torch
+
+            rng = {"torch": torch.get_rng_state()}
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                rng["cuda"] = torch.cuda.get_rng_state_all()
+        callback = UnirlCallback(stage_type=stage.type, on_step=on_step, optimizer_state=self.optimizer_state,
+                                 rng_state=rng, completions_per_step=stage.batch_size * self.recipe.algorithm.group_size)
         columns = tuple(k for k in rows[0] if k != "prompt") if rows else ()
         trainer = self._build(stage.type, config, Dataset.from_list(rows), parts.reward, [callback], columns)
         self._live = trainer

@@ -26,7 +26,7 @@ k = max(1, len(rl) // 10)
 mean = lambda xs, key: sum(r[key] for r in xs) / len(xs)
 print(f"{sys.argv[1]}: {len(rl)} rl steps; reward/mean first 10% {mean(rl[:k], 'reward/mean'):.3f} -> last 10% "
       f"{mean(rl[-k:], 'reward/mean'):.3f}; {mean(rl, 'time/step_s'):.3f} s/step; "
-      f"peak memory {max(r['memory/peak_bytes'] for r in rl) / 2**30:.2f} GiB")
+      f"peak GPU memory {max(r.get('memory/gpu_peak_bytes', 0) for r in rl) / 2**30:.2f} GiB")
 PY
 }
 echo "== 1. tiny GRPO demo, backend=trl, CUDA"

@@ -118,6 +118,8 @@ class Driver:
         parts.trainer.load_state_dict(ckpt["trainer"])
         parts.buffer.load_state_dict(ckpt["buffer"])
         torch.set_rng_state(ckpt["rng"]["torch"])
+        if "cuda" in ckpt["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
         state = ckpt["state"]
         parts.task.load_state_dict(state["task"])
         parts.rollout.load_state_dict(state["rollout"])
@@ -177,6 +179,9 @@ class Driver:
         state["stage_step"] += 1
         state["global_step"] += 1
         row[M.MEMORY_PEAK] = M.peak_memory_bytes()
+        gpu_peak = M.gpu_peak_memory_bytes()
+        if gpu_peak is not None:
+            row[M.GPU_MEMORY_PEAK] = gpu_peak
         full = {"stage": stage.name, "stage_type": stage.type, "step": state["stage_step"],
                 "global_step": state["global_step"], **row}
         writer.write(full)
