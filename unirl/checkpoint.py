@@ -30,6 +30,21 @@ _PREFIX = "step-"
 _MODEL_FILE = "model-{}.safetensors"
 
 
+def torch_rng_state() -> dict[str, Any]:
+    """torch's CPU generator state, and the CUDA generators' when CUDA is in use."""
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_torch_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`torch_rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
@@ -71,10 +86,7 @@ def save_checkpoint(run_dir: str | Path, *, global_step: int, trainer_state: dic
         # clone: tied weights share storage, which safetensors refuses to write twice
         save_file({k: v.detach().clone().contiguous() for k, v in tensors.items()}, str(tmp / _MODEL_FILE.format(name)))
     torch.save(rest, tmp / "trainer.pt")
-    rng = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save(rng, tmp / "rng.pt")
+    torch.save(torch_rng_state(), tmp / "rng.pt")
     torch.save(buffer_state, tmp / "buffer.pt")
     with open(tmp / "state.json", "w") as fh:
         json.dump(state, fh, indent=1)

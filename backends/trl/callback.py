@@ -67,11 +67,9 @@ class UnirlCallback(TrainerCallback):
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.rng_state is not None:
-            import torch
+            from unirl.checkpoint import set_torch_rng_state
 
-            torch.set_rng_state(self.rng_state["torch"])
-            if "cuda" in self.rng_state:
-                torch.cuda.set_rng_state_all(self.rng_state["cuda"])
+            set_torch_rng_state(self.rng_state)
             self.rng_state = None
         self.t_step = time.perf_counter()
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from unirl.checkpoint import torch_rng_state
 from unirl.engine.needs import stage_needs
 from unirl.errors import ConfigError, RunError
 from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
@@ -74,7 +75,6 @@ class TRLTrainer:
         self.reference: Any = None  # frozen stage-start policy (dpo; rl with kl_loss_coef > 0)
         self.optimizer_state: dict[str, Any] | None = None  # AdamW state carried between stages
         self.stage_task_state: dict[str, Any] | None = None  # task position when the stage started
-        self.trained = False
         self._live: Any = None  # the TRL trainer running the current stage
         self._steppers: dict[tuple[str, int], Any] = {}
 
@@ -150,7 +150,7 @@ class TRLTrainer:
 
     # ------------------------------------------------------------------ trainer mode
 
-    def run_stage(self, stage: Any, lr: float, *, parts: Any, start_step: int, global_step: int, on_step: Any) -> None:
+    def run_stage(self, stage: Any, lr: float, *, parts: Any, start_step: int, on_step: Any) -> None:
         from datasets import Dataset
 
         from unirl_backends.trl.callback import UnirlCallback
@@ -167,13 +167,8 @@ class TRLTrainer:
         rows = stage_rows(stage.type, examples)[start_step * stage.batch_size:]
         config = stage_config(self.recipe, stage, output_dir=str(self.run_dir / "trl" / stage.name),
                               steps=stage.steps - start_step, options=self.options, lr=lr)
-        rng = None
-        if start_step > 0:  # continue the generator stream of the interrupted stage (restored by the driver)
-            import torch
-
-            rng = {"torch": torch.get_rng_state()}
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                rng["cuda"] = torch.cuda.get_rng_state_all()
+        # a resumed stage continues the generator stream of the interrupted one (restored by the driver)
+        rng = torch_rng_state() if start_step > 0 else None
         callback = UnirlCallback(stage_type=stage.type, on_step=on_step, optimizer_state=self.optimizer_state,
                                  rng_state=rng, completions_per_step=stage.batch_size * self.recipe.algorithm.group_size)
         columns = tuple(k for k in rows[0] if k != "prompt") if rows else ()
@@ -186,7 +181,6 @@ class TRLTrainer:
                 self.optimizer_state = copy.deepcopy(trainer.optimizer.state_dict())
             self._live = None
             self._unpatch()
-            self.trained = True
 
     # ------------------------------------------------------------------ fixed-batch steps (conformance L2)
 
@@ -309,7 +303,7 @@ class TRLTrainer:
         live = self._live.optimizer if self._live is not None and self._live.optimizer is not None else None
         optimizer = live.state_dict() if live is not None else self.optimizer_state
         return {"models": models, "optimizers": {"policy": optimizer} if optimizer is not None else {},
-                "stage_task_state": self.stage_task_state, "trained": self.trained}
+                "stage_task_state": self.stage_task_state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         models = state["models"]
@@ -320,7 +314,6 @@ class TRLTrainer:
             self.reference.load_state_dict(models["reference"])
         self.optimizer_state = state["optimizers"].get("policy")
         self.stage_task_state = state.get("stage_task_state")
-        self.trained = bool(state.get("trained", False))
 
     def export(self, run_dir: str) -> dict[str, str]:
         self._unpatch()

@@ -110,16 +110,12 @@ class Driver:
                           rollout=make("rollout", "rollout"), buffer=make("buffer", "buffer"))
 
     def _restore(self, parts: Any, path: Path) -> dict[str, Any]:
-        import torch
-
-        from unirl.checkpoint import load_checkpoint
+        from unirl.checkpoint import load_checkpoint, set_torch_rng_state
 
         ckpt = load_checkpoint(path)
         parts.trainer.load_state_dict(ckpt["trainer"])
         parts.buffer.load_state_dict(ckpt["buffer"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if "cuda" in ckpt["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+        set_torch_rng_state(ckpt["rng"])
         state = ckpt["state"]
         parts.task.load_state_dict(state["task"])
         parts.rollout.load_state_dict(state["rollout"])
@@ -154,8 +150,7 @@ class Driver:
                             outcome.append(result)
                         return result is not None  # True: the framework's loop must stop now
 
-                    parts.trainer.run_stage(stage, lr, parts=parts, start_step=state["stage_step"],
-                                            global_step=state["global_step"], on_step=on_step)
+                    parts.trainer.run_stage(stage, lr, parts=parts, start_step=state["stage_step"], on_step=on_step)
                     if not outcome:
                         raise RunError(f"stage {stage.name!r}: the {recipe.backend} trainer returned after step "
                                        f"{state['stage_step']} of {stage.steps} without finishing the stage")
