@@ -52,13 +52,17 @@ class Fixed:
     asking for another value is refused when ``approximate`` is False (the difference
     changes the algorithm); when True the run goes on with the framework's value, the
     difference is printed and recorded in ``run.json`` as a deviation, and ``run.strict=true``
-    refuses it instead.
+    refuses it instead. ``when_any`` lists pairs of which at least one must be in the recipe.
+    ``settable`` says whether the recipe may ask for ``value`` itself (False when the knob
+    is one the backend does not take, e.g. verl's fixed clamp of k3 when ``kl_clamp`` is unsupported).
     """
 
     value: Any
     where: str
     when: tuple[tuple[str, Any], ...] = ()
     approximate: bool = False
+    when_any: tuple[tuple[str, Any], ...] = ()
+    settable: bool = True
 
 
 @dataclass(frozen=True)
@@ -67,11 +71,13 @@ class Deviation:
     asked: Any
     used: Any
     where: str
+    settable: bool = True
 
     def message(self, backend: str) -> str:
+        fix = (f"Set {self.key}={self.used!r} to compute exactly the same thing on every backend, or "
+               if self.settable else "No recipe value avoids it on this backend; ")
         return (f"{self.key}={self.asked!r} cannot be expressed by backend {backend!r}: the framework fixes it at "
-                f"{self.used!r} ({self.where}); the run uses {self.used!r}. Set {self.key}={self.used!r} to compute "
-                f"exactly the same thing on every backend, or run.strict=true to refuse.")
+                f"{self.used!r} ({self.where}); the run uses {self.used!r}. {fix}run.strict=true refuses.")
 
 
 @dataclass(frozen=True)
@@ -83,11 +89,13 @@ class Capabilities:
     config; the trainer object then has ``run_stage``).
     ``knobs``: canonical knob -> {value: Support}; ``stages.type`` lists the stage types.
     ``fixed``: recipe keys the framework hard-codes (:class:`Fixed`).
+    ``parallel``: the largest size of each ``parallel.*`` dimension it runs (None: any).
     """
 
     mode: str = "engine"
     knobs: Mapping[str, Mapping[Any, Support]] = field(default_factory=dict)
     fixed: Mapping[str, Fixed] = field(default_factory=dict)
+    parallel: Mapping[str, int | None] = field(default_factory=lambda: {"dp": 1})
 
     def support(self, key: str, value: Any) -> Support:
         values = self.knobs.get(key)
@@ -103,13 +111,16 @@ class Capabilities:
         out = []
         for key, fixed in self.fixed.items():
             asked = OmegaConf.select(recipe, key)
-            if all(pair in used for pair in fixed.when) and asked != fixed.value:
+            applies = all(pair in used for pair in fixed.when) and (
+                not fixed.when_any or any(pair in used for pair in fixed.when_any))
+            if applies and asked != fixed.value:
                 out.append((key, asked, fixed))
         return out
 
     def deviations(self, recipe: Any) -> list[Deviation]:
         """The approximations a run of ``recipe`` on this backend makes (``Fixed.approximate``)."""
-        return [Deviation(key, asked, f.value, f.where) for key, asked, f in self.fixed_values(recipe) if f.approximate]
+        return [Deviation(key, asked, f.value, f.where, f.settable) for key, asked, f in self.fixed_values(recipe)
+                if f.approximate]
 
 
 def recipe_knobs(recipe: Any) -> list[tuple[str, Any, Any]]:

@@ -125,6 +125,9 @@ class Trainer(Protocol):
     def policy_module(self) -> Any:
         """The in-process policy module, for same-process rollout engines (may be None)."""
 
+    def policy_weights(self) -> dict[str, Any]:
+        """The policy's full (unsharded) tensors on CPU, for rollout engines that keep a copy."""
+
     def state_dict(self) -> dict[str, Any]:
         """``{"models": {name: tensors}, ...}``: model tensors are saved as safetensors."""
 

@@ -69,7 +69,7 @@ class HFGenerateRollout:
     def update_weights(self, trainer: Any) -> None:
         if self._shared:
             return  # same module object: already current
-        self.model.load_state_dict(trainer.policy_module().state_dict())
+        self.model.load_state_dict(trainer.policy_weights())
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_group": self._next_group}

@@ -49,6 +49,9 @@ class NativeTrainer:
     def policy_module(self) -> torch.nn.Module:
         return self.policy
 
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        return self.policy.state_dict()
+
     def snapshot_reference(self) -> None:
         ref = copy.deepcopy(self.policy).eval()
         for p in ref.parameters():

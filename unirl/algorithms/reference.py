@@ -26,7 +26,13 @@ class ReferenceMath:
 
     def advantages(self, algo: Any, scores: torch.Tensor, mask: torch.Tensor, group_index: torch.Tensor,
                    values: torch.Tensor | None = None, kl: torch.Tensor | None = None) -> torch.Tensor:
-        return compute_advantages(algo, scores=scores, mask=mask, group_index=group_index, kl=kl, values=values)[0]
+        return self.advantages_and_returns(algo, scores, mask, group_index, values, kl)[0]
+
+    def advantages_and_returns(self, algo: Any, scores: torch.Tensor, mask: torch.Tensor, group_index: torch.Tensor,
+                               values: torch.Tensor | None = None, kl: torch.Tensor | None = None,
+                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What the engine-mode driver calls each rl step (returns are the critic's targets for gae)."""
+        return compute_advantages(algo, scores=scores, mask=mask, group_index=group_index, kl=kl, values=values)
 
     def kl(self, logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str, clamp: float | None) -> torch.Tensor:
         return kl_estimate(logp, ref_logp, estimator, clamp=clamp)

@@ -246,6 +246,8 @@ def _check_values(cfg: Any) -> None:
     _at_least("run.stop_after", cfg.run.stop_after, 1)
     _at_least("run.log_every", cfg.run.log_every, 1)
     _at_least("run.threads", cfg.run.threads, 1)
+    _at_least("parallel.dp", cfg.parallel.dp, 1)
+    dp = cfg.parallel.dp
     names: set[str] = set()
     for i, stage in enumerate(cfg.stages):
         _one_of(f"stages.{i}.type", stage.type, choices.STAGE_TYPES)
@@ -257,6 +259,14 @@ def _check_values(cfg: Any) -> None:
                 f"algorithm.mini_batches={a.mini_batches} does not divide stages.{i}.batch_size x "
                 f"algorithm.group_size = {stage.batch_size * a.group_size} sequences; pick a divisor.",
                 key="algorithm.mini_batches", value=a.mini_batches)
+        per_step = stage.batch_size * a.group_size // a.mini_batches if stage.type == "rl" else stage.batch_size
+        if per_step % dp:
+            what = "sequences per optimizer step (batch_size x group_size / mini_batches)" if stage.type == "rl" \
+                else "examples per step (batch_size)"
+            raise ConfigError(
+                f"parallel.dp={dp} does not divide stages.{i} {stage.name!r}'s {per_step} {what}: every data-parallel "
+                f"rank trains on an equal share. Pick a dp that divides it, or change stages.{i}.batch_size.",
+                key="parallel.dp", value=dp)
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", stage.name):
             raise ConfigError(f"stages.{i}.name={stage.name!r}: use letters, digits, '_', '-' or '.' only "
                               f"(it names checkpoint folders).", key=f"stages.{i}.name", value=stage.name)
@@ -311,6 +321,12 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
             others = [r.name for r in registry.entries["backend"].values()
                       if r.capabilities is not None and r.capabilities.support(key, value) is not Support.UNSUPPORTED]
             raise CapabilityError(backend=backend_reg.name, key=key, value=shown, supported_by=others)
+    dp, max_dp = cfg.parallel.dp, caps.parallel.get("dp", 1)
+    if max_dp is not None and dp > max_dp:
+        others = [r.name for r in registry.entries["backend"].values() if r.capabilities is not None
+                  and (r.capabilities.parallel.get("dp", 1) is None or r.capabilities.parallel.get("dp", 1) >= dp)]
+        raise CapabilityError(backend=backend_reg.name, key="parallel.dp", value=dp, supported_by=others,
+                              reason=f"it trains in {'one process' if max_dp == 1 else f'at most {max_dp} ranks'}")
     for key, asked, fixed in caps.fixed_values(cfg):
         if fixed.approximate and not cfg.run.strict:
             continue  # the driver prints and records it as a deviation

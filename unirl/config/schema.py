@@ -103,6 +103,15 @@ class StageSection:
 
 
 @dataclass
+class ParallelSection:
+    """How many processes train together. The stage's batch is the global batch: each of the
+    ``dp`` data-parallel ranks trains on its share, and losses are normalised over the whole
+    batch, so a run's updates do not depend on ``dp`` (torch.distributed: gloo on CPU, NCCL on GPU)."""
+
+    dp: int = 1  # data-parallel ranks; backends declare how many they run (Capabilities.parallel)
+
+
+@dataclass
 class CheckpointSection:
     every: int = 0  # steps (global_step) between checkpoints; 0 checkpoints only at stage ends
     keep: int = 2  # newest checkpoints kept; older ones are deleted after a new one is complete
@@ -118,6 +127,7 @@ class RecipeConfig:
     trainer: TrainerSection = field(default_factory=TrainerSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     stages: list[StageSection] = field(default_factory=list)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     # Component sections: {name: ..., <options of the registered config class>}.
     task: dict[str, Any] = field(default_factory=lambda: {"name": "arithmetic"})

@@ -105,9 +105,15 @@ class Driver:
             return reg.load()(config, ctx)
 
         torch.manual_seed(recipe.seed)  # building parts must not change what the run samples
-        return Components(recipe=recipe, trainer=ctx.trainer, task=make("task", "task"),
-                          reward=adapt_reward_fn(make("reward", "reward"), data_source=recipe.task.name),
-                          rollout=make("rollout", "rollout"), buffer=make("buffer", "buffer"))
+        math = None
+        if self.capabilities.mode == "engine":
+            from unirl.algorithms.reference import ReferenceMath
+
+            math = backend.math() if hasattr(backend, "math") else ReferenceMath()
+        self._parts = Components(recipe=recipe, trainer=ctx.trainer, task=make("task", "task"),
+                                 reward=adapt_reward_fn(make("reward", "reward"), data_source=recipe.task.name),
+                                 rollout=make("rollout", "rollout"), buffer=make("buffer", "buffer"), math=math)
+        return self._parts
 
     def _restore(self, parts: Any, path: Path) -> dict[str, Any]:
         from unirl.checkpoint import load_checkpoint, set_torch_rng_state
@@ -139,6 +145,10 @@ class Driver:
             stage = self.current_stage = recipe.stages[state["stage_index"]]
             if state["stage_step"] == 0:
                 parts.trainer.begin_stage(stage.type)
+            if stage.type == "rl" and not trainer_mode:
+                # a rollout engine with its own copy of the policy starts each stage (and a
+                # resumed one) from the trainer's weights: earlier stages or the checkpoint changed them
+                parts.rollout.update_weights(parts.trainer)
             lr = stage.lr if stage.lr is not None else recipe.trainer.lr
             bar = StageProgress(self.console, stage.name, stage.steps, state["stage_step"], recipe.run.log_every)
             outcome: list[str] = []
@@ -240,6 +250,7 @@ class Driver:
         state = {"stage_index": 0, "stage_step": 0, "global_step": 0, "metrics_lines": 0}
         status, exported, writer, t_start = "failed", {}, None, time.perf_counter()
         self.current_stage = None
+        self._parts = None
         restore_signals = self._install_signal_handlers()
         try:
             parts = self._build(run_dir)
@@ -269,6 +280,9 @@ class Driver:
                            f"in {str(run_dir)!r}; continue with resume=auto once fixed.") from exc
         finally:
             restore_signals()
+            close = getattr(self._parts.trainer if self._parts is not None else None, "close", None)
+            if close is not None:
+                close()  # a trainer holding processes (data-parallel ranks) stops them
             if writer is not None:
                 writer.close()
             summary = {"status": status, "global_step": state["global_step"], "stage_index": state["stage_index"],

@@ -14,8 +14,6 @@ from typing import Any
 import torch
 
 from unirl import metrics as M
-from unirl.algorithms.advantages import compute_advantages
-from unirl.algorithms.kl import kl_estimate
 from unirl.engine.collate import example_extras, pair_batch, sft_batch, text_batch
 
 
@@ -27,6 +25,9 @@ class Components:
     reward: Any
     rollout: Any
     buffer: Any
+    #: the backend's math (``Backend.math()``): advantages and the KL placed in the reward are
+    #: computed by the framework's own functions, the ones conformance L1 checks
+    math: Any = None
 
 
 def _lm_row(row: dict[str, float], loss_key: str, tokens: float, t0: float) -> dict[str, float]:
@@ -86,11 +87,11 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     batch.ref_logprobs = trainer.reference_logprobs(batch)
     kl = None
     if algo.kl_reward_coef > 0:
-        kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, algo.kl_reward_estimator, clamp=algo.kl_clamp)
+        kl = c.math.kl(batch.old_logprobs, batch.ref_logprobs, algo.kl_reward_estimator, algo.kl_clamp)
     if algo.advantage == "gae":
         batch.values = trainer.values(batch)
-    batch.advantages, batch.returns = compute_advantages(algo, scores=batch.rewards, mask=mask,
-                                                         group_index=batch.group_index, kl=kl, values=batch.values)
+    batch.advantages, batch.returns = c.math.advantages_and_returns(algo, batch.rewards, mask, batch.group_index,
+                                                                    batch.values, kl)
     t3 = time.perf_counter()
     sums: dict[str, float] = {}
     per_mb = len(batch) // algo.mini_batches

@@ -1,0 +1,53 @@
+"""The verl backend object: builds the engine-mode trainer, translates recipes, exposes verl's math."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from unirl.protocols import BuildContext
+
+
+class VerlBackend:
+    """verl's FSDP2 ``TrainingWorker`` trains, verl's ``core_algos`` compute (``mode == "engine"``)."""
+
+    name = "verl"
+
+    def __init__(self, recipe: Any) -> None:
+        self.recipe = recipe
+        self.options = dict(recipe.backend_options) if recipe.backend_options else {}
+
+    def build_trainer(self, ctx: BuildContext) -> Any:
+        from unirl_backends.verl.trainer import VerlTrainer
+
+        return VerlTrainer(ctx, self.options)
+
+    def _model_path(self, recipe: Any) -> str:
+        """verl's config classes load the model's config and tokenizer: the recipe's model, or
+        the tiny model a run would build (in ``run.dir/base_model``)."""
+        if recipe.model.path is not None:
+            return str(recipe.model.path)
+        path = Path(recipe.run.dir) / "base_model"
+        if not (path / "config.json").exists():
+            from omegaconf import OmegaConf
+
+            from unirl.models.tiny import build_tiny_model
+
+            build_tiny_model(path, seed=recipe.seed, **OmegaConf.to_container(recipe.model.tiny))
+        return str(path)
+
+    def translate(self, recipe: Any) -> dict[str, Any]:
+        """``{stage name: verl config}``: ``main_ppo``'s composed Hydra config for rl stages."""
+        from unirl_backends.verl.translate import translate
+
+        return translate(recipe, self._model_path(recipe), str(recipe.run.dir), options=self.options)
+
+    def read_back(self, native: dict[str, Any]) -> list[tuple[str, Any]]:
+        from unirl_backends.verl.translate import read_back
+
+        return read_back(native)
+
+    def math(self) -> Any:
+        from unirl_backends.verl.math import VerlMath
+
+        return VerlMath(self.recipe)

@@ -1,0 +1,82 @@
+"""Registration of the verl backend. Imports nothing heavy: verl loads only when a run or a
+check builds the backend.
+
+The capability table says, per canonical knob value, what verl 0.9.1 computes with its own
+code in engine mode (``docs/backends/verl.md`` has the mapping and the reasons for every
+value left out); values verl hard-codes are ``fixed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from unirl import hookimpl
+from unirl.capabilities import ON, Capabilities, Fixed, Support
+
+N, E = Support.NATIVE, Support.EMULATED
+_RL = ("stages.type", "rl")
+_ALGOS = "verl/trainer/ppo/core_algos.py"
+
+CAPABILITIES = Capabilities(
+    mode="engine",
+    knobs={
+        # sft/cpt: verl's sft_loss on the TrainingWorker. verl has no DPO or pairwise RM loss.
+        "stages.type": {"sft": N, "cpt": N, "rl": N},
+        # gae needs verl's value-model engine as the critic: not wired up yet.
+        "algorithm.advantage": {"grpo": N, "rloo": N, "reinforce_pp": N, "reinforce_pp_baseline": N},
+        "algorithm.norm_adv_by_std": {True: N, False: N},  # norm_adv_by_std_in_grpo
+        "algorithm.loss_agg": {"token_mean": N, "seq_mean_token_mean": N, "seq_mean_token_sum": N,
+                               "seq_mean_token_sum_norm": N},  # actor.loss_agg_mode (+ loss_scale_factor)
+        # in_loss: actor.use_kl_loss + kl_loss_coef inside verl's ppo_loss. in_reward: verl's
+        # kl_penalty estimate, subtracted from the token rewards by unirl (verl's trainer does it
+        # in ray_trainer.apply_kl_penalty, which needs its DataProto and Ray-side batch).
+        "kl.placement": {"in_loss": N, "in_reward": E},
+        "algorithm.kl_loss_estimator": {"k1": N, "k2": N, "k3": N},  # kl / mse / low_var_kl
+        "algorithm.kl_reward_estimator": {"k1": N, "k2": N, "k3": N},
+        "algorithm.kl_clamp": {},  # verl has no clamp knob: k3 is always clamped at 10, k1/k2 never
+        "algorithm.dual_clip": {ON: N},  # actor.clip_ratio_c
+        "algorithm.entropy_coef": {ON: N},  # actor.entropy_coeff, aggregated like the loss
+        "algorithm.value_clip": {},
+        "algorithm.dpo_loss": {},
+        "algorithm.label_smoothing": {},
+    },
+    fixed={
+        "algorithm.adv_eps": Fixed(1e-6, f"{_ALGOS}: compute_grpo_outcome_advantage(epsilon=1e-6); verl's trainer "
+                                   "(ray_trainer.compute_advantage) passes no other value",
+                                   when=(_RL, ("algorithm.advantage", "grpo"), ("algorithm.norm_adv_by_std", True)),
+                                   approximate=True),
+        "algorithm.kl_clamp": Fixed(10.0, f"{_ALGOS}: kl_penalty_forward clamps low_var_kl (k3) to [-10, 10]",
+                                    when=(_RL,), when_any=(("algorithm.kl_loss_estimator", "k3"),
+                                                           ("algorithm.kl_reward_estimator", "k3")),
+                                    approximate=True, settable=False),
+    },
+    parallel={"dp": None},  # gloo (CPU) or NCCL (GPU) ranks, one FSDP2 shard each
+)
+
+
+@dataclass
+class VerlOptions:
+    """``backend_options`` for ``backend=verl`` (trainer-mode keys go to verl's ``main_ppo``)."""
+
+    rollout: str = "vllm"  # trainer mode: verl's rollout engine (vllm | sglang)
+    strategy: str = "fsdp2"  # trainer mode: actor strategy (fsdp2 | megatron)
+    n_gpus_per_node: int = 1
+    nnodes: int = 1
+    max_prompt_length: int = 64
+
+    @staticmethod
+    def validate(cfg: VerlOptions) -> str | None:
+        if cfg.rollout not in ("vllm", "sglang"):
+            return f"rollout={cfg.rollout!r}; allowed: 'vllm', 'sglang'."
+        if cfg.strategy not in ("fsdp2", "megatron"):
+            return f"strategy={cfg.strategy!r}; allowed: 'fsdp2', 'megatron'."
+        for key in ("n_gpus_per_node", "nnodes", "max_prompt_length"):
+            if getattr(cfg, key) < 1:
+                return f"{key}={getattr(cfg, key)} must be >= 1."
+        return None
+
+
+@hookimpl
+def unirl_register_backends(register):
+    register("verl", "unirl_backends.verl.backend:VerlBackend", capabilities=CAPABILITIES, config_class=VerlOptions,
+             description="verl 0.9.1: FSDP2 TrainingWorker and core_algos (engine mode, CPU and GPU)")

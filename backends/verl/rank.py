@@ -1,0 +1,243 @@
+"""One data-parallel rank of the verl engine: verl's ``TrainingWorker`` (FSDP2) for the policy,
+and a second one for the frozen reference when a stage needs it.
+
+unirl batches come in as padded tensors (this rank's share of the step's global batch) and are
+handed to verl in the layouts its own trainer uses: ``sft_loss`` gets jagged ``input_ids`` /
+``position_ids`` / ``loss_mask``; ``ppo_loss`` gets verl's left/right-padded PPO batch
+(``prompts``, ``responses``, ``response_mask``, ``old_log_probs``, ``advantages``,
+``ref_log_prob``) converted by verl's ``left_right_2_no_padding``. The losses are verl's
+(``verl.workers.utils.losses``); verl normalises them over the global batch (``batch_num_tokens``
+all-reduced over ranks, ``global_batch_size``, ``dp_size``), clips the global gradient norm and
+steps its AdamW.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import partial
+from typing import Any
+
+import torch
+
+from unirl.engine.needs import loss_norm_length
+from unirl_backends.verl.runtime import import_engine
+
+
+def worker_config(recipe: Any, model_path: str, *, lr: float) -> Any:
+    """verl's ``TrainingWorkerConfig`` for the policy: FSDP2 in fp32, sdpa attention, packed
+    (no-padding) sequences, AdamW with the recipe's optimizer knobs and a constant lr."""
+    import_engine()
+    from verl.trainer.config import CheckpointConfig
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
+
+    t = recipe.trainer
+    dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[recipe.model.dtype]
+    return TrainingWorkerConfig(
+        model_type="language_model",
+        model_config=HFModelConfig(path=model_path, override_config={"attn_implementation": "sdpa"},
+                                   use_remove_padding=True, enable_gradient_checkpointing=False),
+        # the engine reads the parameter dtype from mixed_precision (None would mean bf16 parameters)
+        engine_config=FSDPEngineConfig(
+            strategy="fsdp2", model_dtype=dtype, use_dynamic_bsz=False, use_torch_compile=False,
+            mixed_precision={"param_dtype": dtype, "reduce_dtype": "fp32", "buffer_dtype": dtype},
+            micro_batch_size_per_gpu=t.micro_batch_size, infer_micro_batch_size_per_gpu=t.micro_batch_size,
+            seed=recipe.seed),
+        optimizer_config=FSDPOptimizerConfig(
+            optimizer="AdamW", optimizer_impl="torch.optim", lr=lr, betas=(t.beta1, t.beta2),
+            weight_decay=t.weight_decay, clip_grad=t.grad_clip if t.grad_clip is not None else float("inf"),
+            override_optimizer_config={"eps": t.eps}, lr_scheduler_type="constant", lr_warmup_steps=0,
+            lr_warmup_steps_ratio=0.0, total_training_steps=max(1, sum(s.steps for s in recipe.stages))),
+        checkpoint_config=CheckpointConfig(),
+    )
+
+
+def _nested(rows: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
+def _spans(attention_mask: torch.Tensor) -> list[tuple[int, int]]:
+    """``(start, end)`` of each row's attended tokens, which must be one contiguous block."""
+    spans = []
+    for i, row in enumerate(attention_mask):
+        idx = row.nonzero().flatten()
+        start, end = int(idx[0]), int(idx[-1]) + 1
+        if end - start != len(idx):
+            raise ValueError(f"row {i}: attended tokens are not contiguous; verl packs each sequence as one block")
+        spans.append((start, end))
+    return spans
+
+
+def micro_batch(n: int, limit: int) -> int:
+    """The largest micro-batch size <= ``limit`` that divides ``n`` (verl needs equal micro-batches;
+    the loss is normalised over the whole batch, so the size does not change the update)."""
+    return next(d for d in range(min(n, limit), 0, -1) if n % d == 0)
+
+
+def _metric(value: Any) -> float:
+    """A verl metric as one float. The worker returns, per key, one ``Metric`` per rank holding
+    one value per micro-batch; verl's ``Metric.aggregate_dp`` reduces them as its own
+    ``train_mini_batch`` does (losses normalised over the global batch are summed over
+    micro-batches, statistics averaged). Plain lists (e.g. ``kl_coef``) repeat one value."""
+    from verl.utils.metric import Metric
+
+    if isinstance(value, list) and value and isinstance(value[0], Metric):
+        return float(Metric.aggregate_dp(value))
+    if isinstance(value, Metric):
+        return float(value.aggregate())
+    if isinstance(value, (list, tuple)):
+        return _metric(value[0]) if value else float("nan")
+    return float(value)
+
+
+class PolicyRank:
+    """What one rank holds and does; every method is called on every rank (collectives inside)."""
+
+    def __init__(self, recipe: Any, model_path: str, pad_token_id: int) -> None:
+        from unirl_backends.verl.math import actor_config
+
+        self.recipe, self.model_path = recipe, model_path
+        self.policy = self._worker()
+        self.reference: Any = None
+        algo = recipe.algorithm
+        self.actor = actor_config(algo, loss_norm_length(recipe), micro_batch_size=recipe.trainer.micro_batch_size,
+                                  group_size=algo.group_size)
+        self.pad_token_id = pad_token_id
+
+    def _worker(self) -> Any:
+        import contextlib
+        import io
+
+        engine_workers = import_engine()
+        # verl prints set-up notes to stdout (e.g. "Failed to set NUMA affinity" without pynvml)
+        with contextlib.redirect_stdout(io.StringIO()):
+            worker = engine_workers.TrainingWorker(config=worker_config(self.recipe, self.model_path,
+                                                                        lr=self.recipe.trainer.lr))
+            worker.reset()  # builds the HF model, shards it with FSDP2, creates the optimizer
+        return worker
+
+    # ------------------------------------------------------------------ state
+
+    def _set_lr(self, lr: float) -> None:
+        engine = self.policy.engine
+        for group in engine.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] = lr
+        if engine.lr_scheduler is not None:
+            engine.lr_scheduler.base_lrs = [lr] * len(engine.optimizer.param_groups)
+
+    def full_state(self, which: str = "policy", optimizer: bool = True) -> tuple[dict, dict | None]:
+        """Unsharded model tensors (and optimizer state), identical on every rank."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        engine = getattr(self, which).engine
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=False)
+        model = {k: v.detach().cpu().clone() for k, v in get_model_state_dict(engine.module, options=opts).items()}
+        optim = None
+        if optimizer:
+            optim = _to_cpu(get_optimizer_state_dict(engine.module, engine.optimizer, options=opts))
+        return model, optim
+
+    def load_full_state(self, model: dict, optim: dict | None = None, which: str = "policy") -> None:
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        if which == "reference" and self.reference is None:
+            self.reference = self._worker()
+        engine = getattr(self, which).engine
+        opts = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(engine.module, dict(model), options=opts)  # torch replaces values in place: copies
+        if optim is not None:
+            set_optimizer_state_dict(engine.module, engine.optimizer, copy.deepcopy(optim), options=opts)
+
+    def snapshot_reference(self) -> None:
+        """The reference is a frozen copy of the current policy: a second worker used only for
+        forward passes (verl's forward-only engine pins CPU memory, which needs a GPU)."""
+        self.load_full_state(self.full_state("policy", optimizer=False)[0], which="reference")
+
+    # ------------------------------------------------------------------ batches
+
+    def _packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> Any:
+        """Jagged sequences as verl's ``sft_loss`` reads them; position ids as Hugging Face's
+        default (``arange`` over the padded row), loss mask on the target tokens."""
+        from verl.utils import tensordict_utils as tu
+
+        ids, pos, mask = [], [], []
+        for i, (s, e) in enumerate(_spans(attention_mask)):
+            ids.append(input_ids[i, s:e])
+            pos.append(torch.arange(s, e))
+            m = loss_mask[i, s:e].clone()
+            m[0] = 0  # the first token is never a target (verl rolls the mask by one)
+            mask.append(m)
+        return tu.get_tensordict(tensor_dict={"input_ids": _nested(ids), "position_ids": _nested(pos),
+                                              "loss_mask": _nested(mask)},
+                                 non_tensor_dict={"pad_mode": "no_padding", "temperature": 1.0,
+                                                  "pad_token_id": self.pad_token_id,
+                                                  "micro_batch_size_per_gpu": self._micro(len(ids))})
+
+    def _micro(self, n: int) -> int:
+        return micro_batch(n, self.recipe.trainer.micro_batch_size)
+
+    def _ppo_batch(self, shard: dict[str, Any], global_batch_size: int) -> Any:
+        """verl's PPO batch (left-padded prompts, right-padded responses) in no-padding form."""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import left_right_2_no_padding
+
+        ids, attn, p_len = shard["input_ids"], shard["attention_mask"], shard["prompt_len"]
+        grid = slice(p_len - 1, ids.shape[1] - 1)  # unirl's target grid [B, T-1] -> verl's response grid [B, R]
+        tensors = {"input_ids": ids, "attention_mask": attn, "prompts": ids[:, :p_len], "responses": ids[:, p_len:],
+                   "response_mask": shard["response_mask"][:, p_len:],
+                   "position_ids": torch.arange(ids.shape[1]).expand_as(ids).contiguous()}
+        for key, verl_key in (("old_logprobs", "old_log_probs"), ("advantages", "advantages"),
+                              ("ref_logprobs", "ref_log_prob")):
+            if shard.get(key) is not None:
+                tensors[verl_key] = shard[key][:, grid].float()
+        data = tu.get_tensordict(tensor_dict=tensors, non_tensor_dict={
+            "pad_mode": "no_padding", "temperature": 1.0, "pad_token_id": self.pad_token_id,
+            "global_batch_size": global_batch_size, "calculate_entropy": True,
+            "micro_batch_size_per_gpu": self._micro(ids.shape[0])})
+        return left_right_2_no_padding(data)
+
+    # ------------------------------------------------------------------ steps
+
+    def _train(self, data: Any, loss_fn: Any, lr: float) -> dict[str, float]:
+        from verl.utils import tensordict_utils as tu
+
+        self._set_lr(lr)
+        self.policy.set_loss_fn(loss_fn)
+        out = self.policy.train_batch(data)
+        metrics = tu.get(out, "metrics") if out is not None else {}
+        return {k: _metric(v) for k, v in metrics.items() if not k.startswith("perf/")}
+
+    def lm_step(self, shard: dict[str, Any], lr: float) -> dict[str, float]:
+        from verl.workers.utils.losses import sft_loss
+
+        data = self._packed(shard["input_ids"], shard["attention_mask"], shard["loss_mask"])
+        return self._train(data, partial(sft_loss, self.actor), lr)
+
+    def policy_step(self, shard: dict[str, Any], lr: float, global_batch_size: int) -> dict[str, float]:
+        from verl.workers.utils.losses import ppo_loss
+
+        return self._train(self._ppo_batch(shard, global_batch_size), partial(ppo_loss, self.actor), lr)
+
+    def logprobs(self, shard: dict[str, Any], which: str = "policy") -> torch.Tensor:
+        """Per-token log-probs on unirl's grid ``[b, T-1]`` (slot ``j`` scores token ``j + 1``)."""
+        from verl.utils import tensordict_utils as tu
+
+        ids, attn = shard["input_ids"], shard["attention_mask"]
+        data = self._packed(ids, attn, attn)
+        tu.assign_non_tensor(data, compute_loss=False, calculate_entropy=False)
+        out = getattr(self, which).infer_batch(data)
+        result = torch.zeros(ids.shape[0], ids.shape[1] - 1)
+        for i, ((s, e), row) in enumerate(zip(_spans(attn), out["log_probs"].unbind())):
+            result[i, s:e - 1] = row[: e - s - 1].float()  # the last slot scores the next sequence: dropped
+        return result
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj

@@ -1,0 +1,164 @@
+"""The recipe as verl's own configuration (conformance L0, and trainer mode on GPUs).
+
+An ``rl`` stage becomes the Hydra config of ``verl.trainer.main_ppo``: verl's
+``trainer/config/ppo_trainer.yaml`` composed with the overrides of :func:`ppo_overrides`,
+then checked by verl itself (``omega_conf_to_dataclass`` builds its ``ActorConfig`` and
+``AlgoConfig``, whose ``__post_init__`` validate them, and ``validate_config`` checks the
+whole). An ``sft`` / ``cpt`` stage becomes the ``TrainingWorkerConfig`` the engine is built
+from, with verl's ``sft_loss``. :func:`read_back` recovers every canonical knob from those
+verl objects alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from unirl.engine.needs import loss_norm_length
+from unirl_backends.verl.math import ADVANTAGE, KL, LOSS_AGG, NO_DUAL_CLIP
+from unirl_backends.verl.runtime import import_verl
+
+_INV = lambda table: {v: k for k, v in table.items()}  # noqa: E731
+
+
+def _value(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_value(x) for x in v) + "]"
+    return str(v)
+
+
+def ppo_overrides(recipe: Any, stage: Any, *, model_path: str, run_dir: str, options: Any = None) -> list[str]:
+    """``key=value`` overrides of verl's ``ppo_trainer`` config for one ``rl`` stage."""
+    a, t = recipe.algorithm, recipe.trainer
+    rollout = recipe.rollout
+    options = options or {}
+    lr = stage.lr if stage.lr is not None else t.lr
+    actor = "actor_rollout_ref.actor"
+    kl_reward = a.kl_reward_coef > 0
+    o = {
+        "algorithm.adv_estimator": ADVANTAGE[a.advantage],
+        "algorithm.norm_adv_by_std_in_grpo": a.norm_adv_by_std,
+        "algorithm.gamma": a.gamma, "algorithm.lam": a.lam,
+        "algorithm.use_kl_in_reward": kl_reward,
+        "algorithm.kl_penalty": KL[a.kl_reward_estimator],
+        "algorithm.kl_ctrl.type": "fixed", "algorithm.kl_ctrl.kl_coef": a.kl_reward_coef if kl_reward else 0.001,
+        f"{actor}.strategy": options.get("strategy", "fsdp2"),
+        f"{actor}.loss_agg_mode": LOSS_AGG[a.loss_agg],
+        f"{actor}.loss_scale_factor": loss_norm_length(recipe) if a.loss_agg == "seq_mean_token_sum_norm" else None,
+        f"{actor}.clip_ratio": a.clip_low, f"{actor}.clip_ratio_low": a.clip_low, f"{actor}.clip_ratio_high": a.clip_high,
+        f"{actor}.clip_ratio_c": a.dual_clip if a.dual_clip is not None else NO_DUAL_CLIP,
+        f"{actor}.entropy_coeff": a.entropy_coef,
+        f"{actor}.use_kl_loss": a.kl_loss_coef > 0,
+        f"{actor}.kl_loss_coef": a.kl_loss_coef if a.kl_loss_coef > 0 else 0.001,
+        f"{actor}.kl_loss_type": KL[a.kl_loss_estimator],
+        f"{actor}.ppo_epochs": a.ppo_epochs,
+        f"{actor}.ppo_mini_batch_size": max(1, stage.batch_size // a.mini_batches),
+        f"{actor}.ppo_micro_batch_size_per_gpu": t.micro_batch_size,
+        f"{actor}.grad_clip": t.grad_clip if t.grad_clip is not None else 1e9,
+        f"{actor}.optim.lr": lr, f"{actor}.optim.weight_decay": t.weight_decay,
+        f"{actor}.optim.betas": [t.beta1, t.beta2],
+        f"{actor}.optim.lr_warmup_steps": 0, f"{actor}.optim.lr_scheduler_type": "constant",
+        "actor_rollout_ref.model.path": model_path,
+        "actor_rollout_ref.rollout.name": options.get("rollout", "vllm"),
+        "actor_rollout_ref.rollout.n": a.group_size,
+        "actor_rollout_ref.rollout.temperature": rollout.get("temperature", 1.0),
+        "actor_rollout_ref.rollout.top_p": rollout.get("top_p", 1.0),
+        "actor_rollout_ref.rollout.top_k": rollout.get("top_k", 0) or -1,
+        "actor_rollout_ref.rollout.response_length": rollout.get("max_new_tokens", 8),
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": t.micro_batch_size,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": t.micro_batch_size,
+        "data.train_batch_size": stage.batch_size,
+        "data.max_response_length": rollout.get("max_new_tokens", 8),
+        "data.max_prompt_length": options.get("max_prompt_length", 64),
+        "data.train_files": str(Path(run_dir) / "verl" / "data" / f"{stage.name}.parquet"),
+        "data.val_files": str(Path(run_dir) / "verl" / "data" / f"{stage.name}.parquet"),
+        "reward.custom_reward_function.path": str(Path(run_dir) / "verl" / "reward.py"),
+        "reward.custom_reward_function.name": "compute_score",
+        "trainer.total_training_steps": stage.steps,
+        "trainer.n_gpus_per_node": options.get("n_gpus_per_node", recipe.parallel.dp),
+        "trainer.nnodes": options.get("nnodes", 1),
+        "trainer.logger": ["console", "file"],
+        "trainer.val_before_train": False, "trainer.test_freq": -1, "trainer.save_freq": -1,
+        "trainer.project_name": "unirl", "trainer.experiment_name": stage.name,
+        "trainer.default_local_dir": str(Path(run_dir) / "verl" / "checkpoints" / stage.name),
+        "data.seed": recipe.seed,
+        "critic.enable": a.advantage == "gae",
+        "critic.ppo_micro_batch_size_per_gpu": t.micro_batch_size,
+        "critic.model.path": model_path,
+    }
+    return [f"{k}={_value(v)}" for k, v in o.items()]
+
+
+def compose_ppo(overrides: list[str]) -> Any:
+    """verl's ``ppo_trainer`` config with ``overrides``, validated by verl's own classes."""
+    import os
+
+    verl = import_verl()
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
+                               version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
+    omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # ActorConfig.__post_init__ checks the loss knobs
+    omega_conf_to_dataclass(cfg.algorithm)
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):  # validate_config prints its progress
+        validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    return cfg
+
+
+def engine_stage_config(recipe: Any, stage: Any, model_path: str) -> dict[str, Any]:
+    """An sft / cpt stage in engine mode: verl's worker config and loss (``sft_loss``)."""
+    from unirl_backends.verl.rank import worker_config
+
+    return {"stage_type": stage.type, "loss_fn": "verl.workers.utils.losses.sft_loss",
+            "loss_mask": "completion" if stage.type == "sft" else "all",
+            "worker": worker_config(recipe, model_path, lr=stage.lr if stage.lr is not None else recipe.trainer.lr)}
+
+
+def translate(recipe: Any, model_path: str, run_dir: str, options: Any = None) -> dict[str, Any]:
+    """``{stage name: verl config}`` for every stage of the recipe."""
+    out: dict[str, Any] = {}
+    for stage in recipe.stages:
+        if stage.type == "rl":
+            out[stage.name] = compose_ppo(ppo_overrides(recipe, stage, model_path=model_path, run_dir=run_dir,
+                                                        options=options))
+        else:
+            out[stage.name] = engine_stage_config(recipe, stage, model_path)
+    return out
+
+
+def read_back(native: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The canonical ``(knob, value)`` pairs, from verl's configs only."""
+    from unirl.capabilities import ON
+
+    out: list[tuple[str, Any]] = []
+    for cfg in native.values():
+        if isinstance(cfg, dict):
+            out.append(("stages.type", {"completion": "sft", "all": "cpt"}[cfg["loss_mask"]]))
+            continue
+        actor, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
+        adv = _INV(ADVANTAGE)[algo.adv_estimator]
+        out += [("stages.type", "rl"), ("algorithm.advantage", adv),
+                ("algorithm.loss_agg", _INV(LOSS_AGG)[actor.loss_agg_mode])]
+        if adv == "grpo":
+            out.append(("algorithm.norm_adv_by_std", bool(algo.norm_adv_by_std_in_grpo)))
+        if actor.use_kl_loss:
+            out += [("kl.placement", "in_loss"), ("algorithm.kl_loss_estimator", _INV(KL)[actor.kl_loss_type])]
+        if algo.use_kl_in_reward:
+            out += [("kl.placement", "in_reward"), ("algorithm.kl_reward_estimator", _INV(KL)[algo.kl_penalty])]
+        if actor.clip_ratio_c < NO_DUAL_CLIP:
+            out.append(("algorithm.dual_clip", ON))
+        if actor.entropy_coeff:
+            out.append(("algorithm.entropy_coef", ON))
+    return out
