@@ -56,14 +56,14 @@ class CapabilityError(UsageError):
     """The chosen backend declared that it cannot express a recipe value."""
 
     def __init__(self, *, backend: str, key: str, value: object, supported_by: Iterable[str],
-                 reason: str | None = None) -> None:
+                 reason: str | None = None, fix: str | None = None) -> None:
         others = sorted(supported_by)
         where = ", ".join(others) if others else "no installed backend"
         why = f" ({reason})" if reason else ""
         super().__init__(
             f"{key}={value!r} is not supported by backend {backend!r}{why}. "
             f"Backends that support it: {where}. Pick one of those with backend=NAME, "
-            f"or change {key}."
+            f"or {fix or f'change {key}'}."
         )
         self.backend, self.key, self.value, self.supported_by = backend, key, value, others
 

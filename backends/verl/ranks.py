@@ -106,7 +106,7 @@ def _serve(rank: int, world: int, port: int, conn: Any, recipe: dict, model_path
 class SpawnedRanks:
     """``world`` rank processes, one gloo group; the driver is not a member."""
 
-    def __init__(self, recipe: Any, model_path: str, pad_token_id: int, world: int, console: Any = None) -> None:
+    def __init__(self, recipe: Any, model_path: str, pad_token_id: int, world: int) -> None:
         import multiprocessing as mp
 
         from omegaconf import OmegaConf
@@ -146,92 +146,6 @@ class SpawnedRanks:
                     self.close(force=True)
                     raise RunError(f"verl data-parallel {what} failed on {error}")
         return [results[r] for r in range(self.world)]
-
-    def call(self, method: str, shards: list[dict[str, Any]] | None = None, **kwargs: Any) -> list[Any]:
-        args = (shards[0],) if shards is not None else ()
-        return [getattr(self.rank, method)(*args, **kwargs)]
-
-    def close(self) -> None:
-        self.rank = None
-
-
-def _serve(rank: int, world: int, port: int, conn: Any, recipe: dict, model_path: str, pad_token_id: int,
-           threads: int) -> None:
-    """A rank process: build the rank, then answer calls until told to stop."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when the run stops
-    try:
-        import torch
-        from omegaconf import OmegaConf
-
-        torch.set_num_threads(threads)
-        _init_group(rank, world, port)
-        from unirl_backends.verl.rank import PolicyRank
-
-        worker = PolicyRank(OmegaConf.create(recipe), model_path, pad_token_id)
-        conn.send(("ok", None))
-    except BaseException:  # noqa: BLE001 - reported to the driver
-        conn.send(("error", traceback.format_exc()))
-        return
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
-        if msg[0] == "stop":
-            break
-        method, shard, kwargs = msg
-        try:
-            result = getattr(worker, method)(*((shard,) if shard is not None else ()), **kwargs)
-            conn.send(("ok", result))
-        except BaseException:  # noqa: BLE001
-            conn.send(("error", traceback.format_exc()))
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-class SpawnedRanks:
-    """``world`` rank processes, one gloo group; the driver is not a member."""
-
-    def __init__(self, recipe: Any, model_path: str, pad_token_id: int, world: int, console: Any = None) -> None:
-        import multiprocessing as mp
-
-        from omegaconf import OmegaConf
-
-        self.world = world
-        ctx = mp.get_context("spawn")
-        port, threads = free_port(), max(1, (os.cpu_count() or 1) // world)
-        container = OmegaConf.to_container(recipe, resolve=True)
-        self.conns, self.procs = [], []
-        for rank in range(world):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, name=f"unirl-verl-rank{rank}", daemon=True,
-                               args=(rank, world, port, child, container, model_path, pad_token_id, threads))
-            proc.start()
-            child.close()
-            self.conns.append(parent)
-            self.procs.append(proc)
-        self._gather("start-up")
-
-    def _gather(self, what: str) -> list[Any]:
-        results, errors = [], []
-        for rank, (conn, proc) in enumerate(zip(self.conns, self.procs)):
-            while not conn.poll(1.0):
-                if not proc.is_alive():
-                    errors.append(f"rank {rank} exited with code {proc.exitcode}")
-                    break
-            else:
-                status, value = conn.recv()
-                if status == "error":
-                    errors.append(f"rank {rank}:\n{value}")
-                results.append(value)
-            if errors:
-                self.close(force=True)
-                raise RunError(f"verl data-parallel {what} failed on {errors[0]}")
-        return results
 
     def call(self, method: str, shards: list[dict[str, Any]] | None = None, **kwargs: Any) -> list[Any]:
         if not self.procs:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from unirl.engine.needs import loss_norm_length
+from unirl.errors import ConfigError
 from unirl_backends.verl.math import ADVANTAGE, KL, LOSS_AGG, NO_DUAL_CLIP
 from unirl_backends.verl.runtime import import_verl
 
@@ -95,6 +96,8 @@ def ppo_overrides(recipe: Any, stage: Any, *, model_path: str, run_dir: str, opt
 
 def compose_ppo(overrides: list[str]) -> Any:
     """verl's ``ppo_trainer`` config with ``overrides``, validated by verl's own classes."""
+    import contextlib
+    import io
     import os
 
     verl = import_verl()
@@ -104,16 +107,19 @@ def compose_ppo(overrides: list[str]) -> Any:
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
-                               version_base=None):
-        cfg = compose(config_name="ppo_trainer", overrides=overrides)
-    omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # ActorConfig.__post_init__ checks the loss knobs
-    omega_conf_to_dataclass(cfg.algorithm)
-    import contextlib
-    import io
-
-    with contextlib.redirect_stdout(io.StringIO()):  # validate_config prints its progress
-        validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    try:
+        with initialize_config_dir(config_dir=os.path.join(os.path.dirname(verl.__file__), "trainer", "config"),
+                                   version_base=None):
+            cfg = compose(config_name="ppo_trainer", overrides=overrides)
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)  # ActorConfig.__post_init__ checks the loss knobs
+        omega_conf_to_dataclass(cfg.algorithm)
+        with contextlib.redirect_stdout(io.StringIO()):  # validate_config prints its progress
+            validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    except Exception as exc:  # hydra's, omegaconf's and verl's own errors (ValueError, AssertionError, ...)
+        cause = exc.__cause__ if exc.__cause__ is not None else exc  # hydra wraps the dataclass error
+        raise ConfigError(f"verl rejected the translated recipe: {type(cause).__name__}: {cause}. The overrides "
+                          f"of verl's ppo_trainer config are in unirl_backends.verl.translate.ppo_overrides; "
+                          f"`unirl conformance --backend verl --level L0` shows which knob.") from exc
     return cfg
 
 

@@ -333,8 +333,10 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
         others = [r.name for r in registry.entries["backend"].values()
                   if r.capabilities is not None and not any(k == key for k, _, _ in r.capabilities.fixed_values(cfg))]
         hint = " (run.strict=true refuses approximations)" if fixed.approximate else ""
+        # a key the recipe cannot set on this backend: only not using what makes it apply avoids it
+        fix = None if fixed.settable else "change " + " or ".join(dict.fromkeys(k for k, _ in fixed.when_any or fixed.when))
         raise CapabilityError(backend=backend_reg.name, key=key, value=asked, supported_by=others,
-                              reason=f"the framework fixes it at {fixed.value!r}: {fixed.where}{hint}")
+                              reason=f"the framework fixes it at {fixed.value!r}: {fixed.where}{hint}", fix=fix)
 
 
 def _looks_like_hub_id(path: str) -> bool:

@@ -69,9 +69,17 @@ def render(host: Any | None = None) -> str:
                   "| backend | key | fixed at | when | another value | where |", "|---|---|---|---|---|---|"]
         for b, key, f in fixed:
             when = ", ".join(f"`{k}={shown(v)}`" for k, v in f.when) or "always"
+            if f.when_any:
+                when += ", and one of " + " / ".join(f"`{k}={shown(v)}`" for k, v in f.when_any)
             lines.append(f"| {b} | `{key}` | `{f.value!r}` | {when} | "
-                         f"{'deviation' if f.approximate else 'refused'} | {f.where} |")
+                         f"{_on_other(f)} | {f.where} |")
     return "\n".join(lines) + "\n"
+
+
+def _on_other(f: Any) -> str:
+    if not f.approximate:
+        return "refused"
+    return "deviation" if f.settable else "deviation (the recipe cannot set the key on this backend)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# GPU check of the verl backend, from the repository root on a CUDA machine (minutes):
+#   1. engine mode: the tiny GRPO demo with backend=verl (verl's FSDP2 TrainingWorker on CUDA,
+#      NCCL); with 2+ GPUs also parallel.dp=2, compared step by step with dp=1;
+#   2. trainer mode: verl's own main_ppo (vLLM rollout) on the tiny recipe, starting from the
+#      SFT warm-up exported by an engine-mode run; the reward is unirl's, through reward.py;
+#   3. trainer mode on a Qwen2.5-0.5B-size model (QWEN05B_PATH if given, else random weights of
+#      that shape: hidden 896, 24 layers, 14 heads, 2 KV heads, MLP 4864), 10 GRPO steps.
+# Needs verl 0.9.1 with vllm (or ROLLOUT=sglang) installed. Results go to $OUT (default
+# /tmp/unirl-gpu-verl): metrics, verl's console logs and summary.txt.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+PY="${PYTHON:-.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
+out="${OUT:-/tmp/unirl-gpu-verl}"
+rollout="${ROLLOUT:-vllm}"
+mkdir -p "$out"
+ngpu=$("$PY" - <<'PY'
+import torch, verl
+assert torch.cuda.is_available(), "no CUDA device visible: this script is for a GPU machine"
+print(torch.cuda.device_count())
+PY
+)
+echo "GPUs: $ngpu; rollout: $rollout" | tee "$out/summary.txt"
+summary() {  # run dir, stage name
+  "$PY" - "$1" "$2" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl")]
+rl = [r for r in rows if r["stage"] == sys.argv[2]]
+k = max(1, len(rl) // 10)
+mean = lambda xs, key: sum(r[key] for r in xs) / len(xs)
+print(f"{sys.argv[1]}: {len(rl)} rl steps; reward/mean first 10% {mean(rl[:k], 'reward/mean'):.3f} -> last 10% "
+      f"{mean(rl[-k:], 'reward/mean'):.3f}; {mean(rl, 'time/step_s'):.3f} s/step")
+PY
+}
+echo "== 1. engine mode: tiny GRPO demo, backend=verl, CUDA"
+"$PY" -m unirl run configs/grpo_tiny.yaml backend=verl run.dir="$out/engine" run.overwrite=true | tail -n 3
+summary "$out/engine" grpo | tee -a "$out/summary.txt"
+if [ "$ngpu" -ge 2 ]; then
+  short=(stages.1.steps=20 checkpoint.every=0)
+  "$PY" -m unirl run configs/grpo_tiny.yaml backend=verl parallel.dp=2 "${short[@]}" run.dir="$out/engine-dp2" \
+    run.overwrite=true | tail -n 2
+  "$PY" -m unirl run configs/grpo_tiny.yaml backend=verl parallel.dp=1 "${short[@]}" run.dir="$out/engine-dp1" \
+    run.overwrite=true | tail -n 2
+  "$PY" - "$out" <<'PY' | tee -a "$out/summary.txt"
+import json, sys
+a, b = ([json.loads(l) for l in open(f"{sys.argv[1]}/engine-dp{n}/metrics.jsonl")] for n in (1, 2))
+key = lambda r: r.get("loss/sft", r.get("loss/total"))
+print(f"dp=2 vs dp=1: worst relative loss difference {max(abs(key(x) - key(y)) / abs(key(x)) for x, y in zip(a, b)):.2e}")
+PY
+fi
+echo "== 2. trainer mode: verl main_ppo on the tiny recipe (after the engine-mode SFT warm-up)"
+"$PY" -m unirl run configs/grpo_tiny.yaml backend=verl 'stages=[{name: sft_warmup, type: sft, steps: 60, batch_size: 32}]' \
+  run.dir="$out/sft" run.overwrite=true | tail -n 1
+"$PY" -m unirl_backends.verl.launch configs/grpo_tiny.yaml model.path="$out/sft/model" run.dir="$out/trainer" \
+  stages.1.steps=50 backend_options.rollout="$rollout" backend_options.n_gpus_per_node=1 --identity-chat-template \
+  --stage grpo 2>&1 | tee "$out/trainer.log" | grep -E "^\[verl\]|step:|Error|error" | tail -n 20
+echo "trainer mode tiny: $(grep -c 'step:' "$out/trainer.log" || true) steps logged by main_ppo" | tee -a "$out/summary.txt"
+echo "== 3. trainer mode: Qwen2.5-0.5B-size model, 10 GRPO steps"
+model_args=(model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_layers=24
+            model.tiny.num_heads=14 model.tiny.num_kv_heads=2 model.tiny.max_position_embeddings=512)
+[ -n "${QWEN05B_PATH:-}" ] && model_args=("model.path=$QWEN05B_PATH" )
+"$PY" -m unirl_backends.verl.launch configs/grpo_tiny.yaml "${model_args[@]}" run.dir="$out/qwen05b" \
+  stages.1.steps=10 stages.1.batch_size=16 stages.1.lr=1e-6 trainer.micro_batch_size=32 rollout.max_new_tokens=32 \
+  backend_options.rollout="$rollout" backend_options.n_gpus_per_node=1 --identity-chat-template --stage grpo 2>&1 \
+  | tee "$out/qwen05b.log" | grep -E "^\[verl\]|step:|Error|error" | tail -n 20
+echo "trainer mode 0.5B: $(grep -c 'step:' "$out/qwen05b.log" || true) steps logged by main_ppo" | tee -a "$out/summary.txt"
