@@ -10,19 +10,13 @@ fails reports its traceback; the others are then stopped and the run fails with 
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 from typing import Any
 
+from unirl.distributed import free_port
 from unirl.errors import RunError
 
 _RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _init_group(rank: int, world: int, port: int) -> None:

@@ -172,9 +172,18 @@ def _rl_case(ctx: KitContext, mode: str) -> CheckResult:
         return ctx.skip("rl_step", "L2", "stages.type", "rl")
     if not ctx.claims("algorithm.loss_agg", mode):
         return ctx.skip("rl_step", "L2", "algorithm.loss_agg", mode)
-    knobs = {"algorithm.loss_agg": mode, **dict(o.split("=") for o in extra)}
-    return _step_check(ctx, "rl_step", knobs, ["stages=[{name: rl, type: rl, steps: 1, batch_size: 4}]",
-                                               f"algorithm.loss_agg={mode}", *extra], "rl",
+    from unirl.errors import CapabilityError
+
+    base = ["stages=[{name: rl, type: rl, steps: 1, batch_size: 4}]", f"algorithm.loss_agg={mode}"]
+    accepted: list[str] = []
+    for option in extra:  # a feature the backend refuses together with this mode (declared) is left out
+        try:
+            ctx.recipe([*base, *accepted, option])
+        except CapabilityError:
+            continue
+        accepted.append(option)
+    knobs = {"algorithm.loss_agg": mode, **dict(o.split("=") for o in accepted)}
+    return _step_check(ctx, "rl_step", knobs, [*base, *accepted], "rl",
                        lambda tok, m, r: _rl_batch(tok, m, r.algorithm), lambda tr, b: tr.policy_step(b, LR),
                        "loss/total", _policy_loss)
 

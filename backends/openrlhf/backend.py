@@ -1,0 +1,40 @@
+"""The OpenRLHF backend object: builds the engine-mode trainer, translates recipes, exposes OpenRLHF's math."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from unirl.protocols import BuildContext
+
+
+class OpenRLHFBackend:
+    """OpenRLHF's losses, KL and advantages on DeepSpeed engines (``mode == "engine"``)."""
+
+    name = "openrlhf"
+
+    def __init__(self, recipe: Any) -> None:
+        self.recipe = recipe
+        self.options = dict(recipe.backend_options) if recipe.backend_options else {}
+
+    def build_trainer(self, ctx: BuildContext) -> Any:
+        from unirl_backends.openrlhf.trainer import OpenRLHFTrainer
+
+        return OpenRLHFTrainer(ctx, self.options)
+
+    def translate(self, recipe: Any) -> dict[str, Any]:
+        """``{stage name: OpenRLHF's parsed arguments}`` (train_ppo_ray for rl, train_dpo for dpo)."""
+        from unirl_backends.openrlhf.translate import translate
+
+        model = str(recipe.model.path) if recipe.model.path is not None else str(Path(recipe.run.dir) / "base_model")
+        return translate(recipe, model, str(recipe.run.dir), options=self.options)
+
+    def read_back(self, native: dict[str, Any]) -> list[tuple[str, Any]]:
+        from unirl_backends.openrlhf.translate import read_back
+
+        return read_back(native)
+
+    def math(self) -> Any:
+        from unirl_backends.openrlhf.math import OpenRLHFMath
+
+        return OpenRLHFMath(self.recipe)

@@ -1,0 +1,213 @@
+"""The unirl trainer object for ``backend=openrlhf`` (engine mode).
+
+Each trained model (policy; reward model for ``rm`` stages) is a DeepSpeed engine configured
+as OpenRLHF's strategy configures it (:mod:`unirl_backends.openrlhf.engine`); every loss is
+OpenRLHF's: ``SFTLoss`` (sft/cpt), ``DPOLoss`` (dpo), ``PairWiseLoss`` (rm) and, for rl,
+``PolicyLoss`` with the KL loss and entropy bonus as ``PolicyActor.training_step`` adds them.
+Token log-probs and entropies come from OpenRLHF's ``log_probs_from_logits`` and
+``compute_entropy``. Each optimizer step spans the step's micro-batches, normalised by
+OpenRLHF's ``_optimizer_step_loss_norm`` (the step's token and sequence counts), so the update
+is one mean over the whole step whatever ``trainer.micro_batch_size``.
+
+Model handling (the frozen reference, the reward-model scorer, export) is the native
+trainer's; only the optimizer steps and the losses differ.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from unirl.batch import PairBatch, RolloutBatch, SFTBatch
+from unirl.errors import ConfigError
+from unirl.protocols import BuildContext
+from unirl_backends.native.trainer import NativeTrainer
+from unirl_backends.openrlhf.engine import Stepper, build_engine, init_distributed
+from unirl_backends.openrlhf.loader import load
+from unirl_backends.openrlhf.math import entropy_from_logits, policy_actor_loss, ppo_args
+
+
+class OpenRLHFTrainer(NativeTrainer):
+    def __init__(self, ctx: BuildContext, options: dict[str, Any] | None = None) -> None:
+        self.options = options or {}
+        self.zero_stage = int(self.options.get("zero_stage", 0))
+        init_distributed()
+        self.orl = load()
+        super().__init__(ctx)
+        self.args = ppo_args(self.recipe.algorithm) if any(s.type == "rl" for s in self.recipe.stages) else None
+
+    def _adamw(self, model: torch.nn.Module, lr: float | None = None) -> Any:
+        """The "optimizer" of a model is its DeepSpeed engine (which owns DeepSpeed's AdamW)."""
+        return build_engine(model, self.recipe, lr=lr or self.recipe.trainer.lr, zero_stage=self.zero_stage)
+
+    def _engine(self, name: str) -> Any:
+        return self.optimizers[name]
+
+    def _even_micro_batches(self, n: int, what: str) -> list[slice]:
+        size = self.recipe.trainer.micro_batch_size
+        if n % size:
+            raise ConfigError(f"trainer.micro_batch_size={size} must divide the {n} {what} of a step: OpenRLHF "
+                              f"averages the loss per micro-batch, so uneven micro-batches would weight pairs "
+                              f"unequally", key="trainer.micro_batch_size", value=size)
+        return self._micro_batches(n)
+
+    def _logits(self, name: str, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Float32 logits; trained models run through their DeepSpeed engine. Positions are
+        unirl's (0..T-1 over the padded row, as every backend), not Actor.forward's cumsum."""
+        model = self.optimizers[name] if name in self.optimizers else self.models[name]
+        return model(input_ids=ids, attention_mask=attn).logits.float()
+
+    def _token_logp(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.orl.utils.log_probs_from_logits(logits[:, :-1], ids[:, 1:])
+
+    # ------------------------------------------------------------------ language-model losses
+
+    def lm_step(self, batch: SFTBatch, lr: float) -> dict[str, float]:
+        mask = batch.loss_mask[:, 1:].float()
+        slices = self._micro_batches(len(batch))
+        info = self.orl.loss_utils._optimizer_step_loss_norm([mask[sl] for sl in slices], None, 1, len(slices))
+        step, loss_fn, total = Stepper(self._engine("policy"), len(slices), lr), self.orl.loss.SFTLoss(), 0.0
+        for sl in slices:
+            logp = self._token_logp(self._logits("policy", batch.input_ids[sl], batch.attention_mask[sl]),
+                                    batch.input_ids[sl])
+            loss = loss_fn(logp, mask[sl], **info)
+            step.backward(loss)
+            total += float(loss.detach()) / len(slices)  # DeepSpeed's 1/gas: the step's token mean
+        self.trained.add("policy")
+        return {"loss/lm": total, "grad/norm": step.finish(), "lr": lr, "tokens/trained": float(mask.sum())}
+
+    # ------------------------------------------------------------------ preference losses
+
+    def _pair_logps(self, name: str, pairs: PairBatch, sl: slice, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed completion log-probs of the chosen and rejected rows of pair slice ``sl``."""
+        n, both = len(pairs), pairs.sequences
+        idx = torch.cat([torch.arange(n)[sl], torch.arange(n, 2 * n)[sl]])
+        mask = both.loss_mask[idx, 1:].float()
+        with torch.set_grad_enabled(grad):
+            logp = self._token_logp(self._logits(name, both.input_ids[idx], both.attention_mask[idx]),
+                                    both.input_ids[idx])
+            sums = (logp * mask).sum(-1)
+        k = len(idx) // 2
+        return sums[:k], sums[k:]
+
+    def _pair_slices(self, n: int) -> list[slice]:
+        size = max(1, self.recipe.trainer.micro_batch_size // 2)  # pairs: two sequences each
+        if n % size:
+            raise ConfigError(f"trainer.micro_batch_size={self.recipe.trainer.micro_batch_size} makes micro-batches of "
+                              f"{size} pairs, which must divide the {n} pairs of a step: OpenRLHF averages the loss "
+                              f"per micro-batch", key="trainer.micro_batch_size",
+                              value=self.recipe.trainer.micro_batch_size)
+        return [slice(i, i + size) for i in range(0, n, size)]
+
+    def dpo_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
+        a = self.recipe.algorithm
+        loss_fn = self.orl.loss.DPOLoss(a.beta, label_smoothing=float(a.label_smoothing), ipo=a.dpo_loss == "ipo")
+        slices = self._pair_slices(len(pairs))
+        step = Stepper(self._engine("policy"), len(slices), lr)
+        sums = {"loss/dpo": 0.0, "rewards/margin": 0.0, "rewards/accuracy": 0.0, "rewards/chosen": 0.0,
+                "rewards/rejected": 0.0}
+        for sl in slices:
+            ref_c, ref_r = self._pair_logps("reference", pairs, sl, grad=False)
+            pi_c, pi_r = self._pair_logps("policy", pairs, sl, grad=True)
+            loss, chosen, rejected = loss_fn(pi_c, pi_r, ref_c, ref_r)
+            step.backward(loss)
+            w = 1.0 / len(slices)
+            sums["loss/dpo"] += float(loss.detach()) * w
+            sums["rewards/chosen"] += float(chosen.mean()) * w
+            sums["rewards/rejected"] += float(rejected.mean()) * w
+            sums["rewards/margin"] += float((chosen - rejected).mean()) * w
+            sums["rewards/accuracy"] += float((chosen > rejected).float().mean()) * w
+        self.trained.add("policy")
+        sums.update({"grad/norm": step.finish(), "lr": lr, "tokens/trained": float(pairs.sequences.loss_mask.sum())})
+        return sums
+
+    def rm_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
+        slices = self._pair_slices(len(pairs))
+        step, loss_fn = Stepper(self._engine("reward_model"), len(slices), lr), self.orl.loss.PairWiseLoss()
+        n, both = len(pairs), pairs.sequences
+        sums = {"loss/rm": 0.0, "rm/accuracy": 0.0}
+        for sl in slices:
+            idx = torch.cat([torch.arange(n)[sl], torch.arange(n, 2 * n)[sl]])
+            scores = self._engine("reward_model")(input_ids=both.input_ids[idx],
+                                                  attention_mask=both.attention_mask[idx]).logits[:, 0].float()
+            k = len(idx) // 2
+            loss = loss_fn(scores[:k], scores[k:])
+            step.backward(loss)
+            sums["loss/rm"] += float(loss.detach()) / len(slices)
+            sums["rm/accuracy"] += float((scores[:k] > scores[k:]).float().mean()) / len(slices)
+        self.trained.add("reward_model")
+        sums.update({"grad/norm": step.finish(), "lr": lr})
+        return sums
+
+    # ------------------------------------------------------------------ RL
+
+    @torch.no_grad()
+    def _token_logprobs(self, name: str, batch: RolloutBatch) -> torch.Tensor:
+        return torch.cat([self._token_logp(self._logits(name, batch.input_ids[sl], batch.attention_mask[sl]),
+                                           batch.input_ids[sl]) for sl in self._micro_batches(len(batch))])
+
+    def policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
+        if batch.advantages is None:
+            raise ValueError("policy_step needs batch.advantages")
+        mask = batch.response_mask[:, 1:].float()
+        slices = self._micro_batches(len(batch))
+        info = self.orl.loss_utils._optimizer_step_loss_norm([mask[sl] for sl in slices], None, 1, len(slices))
+        step = Stepper(self._engine("policy"), len(slices), lr)
+        sums: dict[str, float] = {}
+        for sl in slices:
+            ids = batch.input_ids[sl]
+            logits = self._logits("policy", ids, batch.attention_mask[sl])
+            logp = self._token_logp(logits, ids)
+            with torch.set_grad_enabled(bool(self.args.actor.entropy_coef)):
+                entropy = entropy_from_logits(logits[:, :-1])
+            old = batch.old_logprobs[sl] if batch.old_logprobs is not None else logp.detach()
+            ref = batch.ref_logprobs[sl] if batch.ref_logprobs is not None else None
+            loss, stats = policy_actor_loss(self.args, logp, old, ref, batch.advantages[sl], mask[sl], entropy, info)
+            step.backward(loss)
+            # each micro-batch's terms are already divided by the step's counts (times gas)
+            w = 1.0 / len(slices)
+            for key, value in (("loss/total", loss.detach()), ("loss/policy", stats["actor_loss"]),
+                               ("entropy/mean", stats.get("entropy")), ("kl/mean", stats.get("kl"))):
+                if value is not None:
+                    sums[key] = sums.get(key, 0.0) + float(value) * w
+            n_tok = float(mask[sl].sum())
+            sums["clip/frac"] = sums.get("clip/frac", 0.0) + float(stats["clip_ratio"]) * n_tok
+            sums["openrlhf/ppo_kl"] = sums.get("openrlhf/ppo_kl", 0.0) + float(stats["ppo_kl"]) * n_tok
+        n_tokens = float(mask.sum().clamp(min=1))
+        sums["clip/frac"] /= n_tokens
+        sums["openrlhf/ppo_kl"] /= n_tokens
+        if "kl/mean" in sums:
+            sums["loss/kl"] = sums["kl/mean"] * self.args.algo.kl.init_coef
+        self.trained.add("policy")
+        sums.update({"grad/norm": step.finish(), "lr": lr, "tokens/trained": n_tokens})
+        return sums
+
+    def critic_step(self, batch: RolloutBatch) -> dict[str, float]:
+        raise NotImplementedError("backend 'openrlhf' declares advantage=gae unsupported (no critic)")
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"models": {k: m.state_dict() for k, m in self.models.items()},
+                "optimizers": {k: e.optimizer.state_dict() for k, e in self.optimizers.items()},
+                "trained": sorted(self.trained)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        models = state["models"]
+        if "reference" in models:
+            self.snapshot_reference()
+        if "reward_model" in models:
+            self._ensure_scorer("reward_model", False, self.recipe.trainer.lr)
+        for name, sd in models.items():
+            self.models[name].load_state_dict(sd)
+        for name, sd in state["optimizers"].items():
+            engine = self.optimizers[name]
+            if engine.zero_optimization_stage() > 0:  # ZeRO keeps fp32 partitions: restore them too
+                engine.optimizer.load_state_dict([sd], load_from_fp32_weights=True)
+            else:
+                engine.optimizer.load_state_dict(sd)
+        self.trained = set(state["trained"])
+
+    def close(self) -> None:
+        self.optimizers.clear()
