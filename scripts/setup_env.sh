@@ -10,7 +10,8 @@ if ! "$python" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) els
   exit 2
 fi
 plugin="$root/plugins/unirl-example-plugin"
-stamp_src="$(cat "$root/requirements/lock.txt" "$root/pyproject.toml" "$plugin/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+stamp_src="$(cat "$root/requirements/lock.txt" "$root/requirements/no-deps.txt" "$root/pyproject.toml" \
+  "$plugin/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 stamp="$venv/.unirl-installed"
 if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_src" ]; then
   exit 0
@@ -20,7 +21,8 @@ echo "setting up $venv (pinned dependencies from requirements/lock.txt) ..." >&2
 pip_install() {  # this machine's pip config lists index folders that may be absent: drop that noise only
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2> >(grep -v '^WARNING: Location' >&2)
 }
-pip_install -r "$root/requirements/lock.txt"
+DS_BUILD_OPS=0 pip_install -r "$root/requirements/lock.txt"  # deepspeed: no C++/CUDA ops at install time
+pip_install --no-deps -r "$root/requirements/no-deps.txt"
 pip_install --no-deps -e "$root"
 pip_install --no-deps -e "$plugin"  # the example third-party plugin: its tests are part of the suite
 echo "$stamp_src" > "$stamp"

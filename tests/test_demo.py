@@ -10,7 +10,7 @@ from tests.conftest import DEMO, read_rows, run_cli
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["native", "trl", "verl"])
+@pytest.mark.parametrize("backend", ["native", "trl", "verl", "openrlhf"])
 def test_demo_recipe_learns(tmp_path, backend):
     """The same rule on every backend that runs the recipe: reward gain and greedy accuracy."""
     run_dir = tmp_path / "demo"

@@ -21,7 +21,9 @@ CASES = [
 ]
 #: the same rules on backend=trl, for the recipes TRL can express
 TRL_CASES = [("sft_tiny", "loss/sft", -1.0), ("dpo_tiny", "rewards/margin", +0.3), ("cpt_tiny", "loss/cpt", -1.0)]
-RUNS = [(*c, "native") for c in CASES] + [(*c, "trl") for c in TRL_CASES]
+#: and on backend=openrlhf (its DeepSpeed engine with OpenRLHF's DPOLoss / PairWiseLoss / PolicyLoss)
+OPENRLHF_CASES = [("dpo_tiny", "rewards/margin", +0.3), ("rm_tiny", "loss/rm", -0.15)]
+RUNS = [(*c, "native") for c in CASES] + [(*c, "trl") for c in TRL_CASES] + [(*c, "openrlhf") for c in OPENRLHF_CASES]
 
 
 @pytest.mark.slow

@@ -60,13 +60,16 @@ CAPABILITIES = Capabilities(
 class OpenRLHFOptions:
     """``backend_options`` for ``backend=openrlhf``."""
 
-    zero_stage: int = 0  # DeepSpeed ZeRO stage (0-3) of the training engine, as --ds.zero_stage
+    zero_stage: int = 0  # DeepSpeed ZeRO stage (0-2) of the training engine, as --ds.zero_stage
     param_dtype: str = ""  # trainer mode: --ds.param_dtype (bf16 | fp16); engine mode trains in model.dtype
 
     @staticmethod
     def validate(cfg: OpenRLHFOptions) -> str | None:
-        if cfg.zero_stage not in (0, 1, 2, 3):
-            return f"zero_stage={cfg.zero_stage}; allowed: 0, 1, 2, 3."
+        if cfg.zero_stage == 3:
+            return ("zero_stage=3 partitions the parameters, which the in-process rollout and the frozen reference "
+                    "copy cannot read yet (measured: GRPO fails on DeepSpeed's partitioned Parameter); allowed: 0, 1, 2.")
+        if cfg.zero_stage not in (0, 1, 2):
+            return f"zero_stage={cfg.zero_stage}; allowed: 0, 1, 2."
         if cfg.param_dtype not in ("", "bf16", "fp16"):
             return f"param_dtype={cfg.param_dtype!r}; allowed: 'bf16', 'fp16' (or empty: model.dtype)."
         return None

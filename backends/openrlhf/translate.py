@@ -82,7 +82,8 @@ def ppo_argv(algo: Any, *, trainer: Any = None, rollout: Any = None, stage: Any 
     return argv
 
 
-def dpo_argv(recipe: Any, stage: Any, *, model_path: str, data_path: str, zero_stage: int = 0) -> list[str]:
+def dpo_argv(recipe: Any, stage: Any, *, model_path: str, data_path: str, zero_stage: int = 0,
+             options: Any = None) -> list[str]:
     a, t = recipe.algorithm, recipe.trainer
     lr = stage.lr if stage.lr is not None else t.lr
     argv = ["--model.model_name_or_path", model_path, "--model.beta", str(a.beta),
@@ -96,6 +97,8 @@ def dpo_argv(recipe: Any, stage: Any, *, model_path: str, data_path: str, zero_s
             "--data.rejected_key", "rejected", "--data.max_samples", str(stage.steps * stage.batch_size)]
     if a.dpo_loss == "ipo":
         argv.append("--model.ipo_enable")
+    if (options or {}).get("param_dtype"):
+        argv += ["--ds.param_dtype", options["param_dtype"]]
     return argv
 
 

@@ -24,7 +24,7 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,49 +34,13 @@ from unirl.errors import ConfigError, UnirlError, UsageError
 IDENTITY_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
-def reward_from_recipe(recipe_path: str) -> Callable[..., float]:
-    """A verl-style ``compute_score`` that calls the recipe's unirl reward (built on first call)."""
-    cache: dict[str, Any] = {}
-
-    def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-                      **_: Any) -> float:
-        if "fn" not in cache:
-            from omegaconf import OmegaConf
-
-            from unirl.config import load_recipe
-            from unirl.plugin_manager import get_plugin_host
-            from unirl.protocols import BuildContext
-            from unirl.rewards import adapt_reward_fn
-
-            recipe = load_recipe(recipe_path)
-            options = OmegaConf.to_container(recipe.reward)
-            reg = get_plugin_host().registry.get("reward", options.pop("name"), key="reward.name")
-            config = reg.config_class(**options) if reg.config_class is not None else options
-            ctx = BuildContext(recipe=recipe, run_dir=str(recipe.run.dir), model_path=str(recipe.model.path))
-            cache["fn"] = adapt_reward_fn(reg.load()(config, ctx), data_source=recipe.task.name)
-        extra = dict(extra_info or {})
-        prompt = extra.pop("prompt", "")
-        extra.pop("index", None)
-        fields = {k: [v] for k, v in extra.items()} | {"answer": [ground_truth]}
-        return cache["fn"]([prompt], [solution_str], **fields)[0]
-
-    return compute_score
-
-
 def write_task_rows(recipe: Any, stage: Any, path: Path) -> int:
     """The stage's ``steps x batch_size`` prompts from the recipe's task, as verl's parquet rows."""
     import pandas as pd
 
-    from unirl.plugin_manager import get_plugin_host
-    from unirl.protocols import BuildContext
+    from unirl.components import build_component
 
-    from omegaconf import OmegaConf
-
-    options = OmegaConf.to_container(recipe.task)
-    reg = get_plugin_host().registry.get("task", options.pop("name"), key="task.name")
-    config = reg.config_class(**options) if reg.config_class is not None else options
-    task = reg.load()(config, BuildContext(recipe=recipe, run_dir=str(recipe.run.dir),
-                                           model_path=str(recipe.model.path)))
+    task = build_component(recipe, "task", "task")
     rows = [{"data_source": recipe.task.name, "prompt": [{"role": "user", "content": ex.prompt}],
              "ability": "unirl", "reward_model": {"style": "rule", "ground_truth": ex.answer},
              "extra_info": {"index": i, "prompt": ex.prompt, **ex.meta}}
@@ -123,8 +87,8 @@ def prepare(recipe: Any, stage_name: str | None = None, *, identity_chat_templat
     (out / "recipe.yaml").write_text(OmegaConf.to_yaml(pinned))
     (out / "reward.py").write_text(
         '"""verl custom reward function for this unirl recipe (written by unirl_backends.verl.launch)."""\n'
-        "from unirl_backends.verl.launch import reward_from_recipe\n\n"
-        f"compute_score = reward_from_recipe({str(out / 'recipe.yaml')!r})\n")
+        "from unirl.components import score_fn_from_recipe\n\n"
+        f"compute_score = score_fn_from_recipe({str(out / 'recipe.yaml')!r})\n")
     overrides = ppo_overrides(recipe, stage, model_path=model_path, run_dir=str(recipe.run.dir),
                               options=backend.options)
     compose_ppo(overrides)  # verl's own validation, before any GPU work
