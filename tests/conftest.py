@@ -27,12 +27,24 @@ def short_overrides(tiny_model_dir: Path, tmp_path: Path) -> list[str]:
             "trainer.micro_batch_size=8", "run.threads=1"]
 
 
+_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment without the torch.distributed variables that in-process verl /
+    DeepSpeed groups leave behind: a child must not try to join (or fail to reach) that group."""
+    return {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     """``unirl ARGS`` in a fresh interpreter: exit codes and output exactly as a user sees them."""
-    full_env = {**os.environ, **(env or {})}
+    # torch.distributed variables left by in-process verl / DeepSpeed groups of this test process
+    # must not make the child join (or fail to reach) that group
+    full_env = {**child_env(), **(env or {})}
     return subprocess.run([sys.executable, "-m", "unirl", *args], capture_output=True, text=True, cwd=ROOT,
                           env=full_env, timeout=timeout)
 
 
 def read_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+

@@ -13,7 +13,7 @@ from unirl import hookimpl
 from unirl import metrics as M
 from unirl.cli import main
 from unirl.plugin_manager import get_plugin_host
-from tests.conftest import DEMO, ROOT, read_rows, run_cli
+from tests.conftest import DEMO, ROOT, child_env, read_rows, run_cli
 
 
 def _run(overrides: list[str]) -> int:
@@ -217,7 +217,7 @@ def test_sigterm_checkpoints_the_finished_step_and_resumes_exactly(short_overrid
     full, part = tmp_path / "full", tmp_path / "part"
     assert _run([*overrides, f"run.dir={full}"]) == 0
     proc = subprocess.Popen([sys.executable, "-m", "unirl", "run", str(DEMO), *overrides, f"run.dir={part}"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
     deadline = time.time() + 120
     while time.time() < deadline and not ((part / "metrics.jsonl").exists()
                                           and len(read_rows(part)) >= 8):
