@@ -19,8 +19,7 @@ from typing import Any
 import torch
 
 from unirl_backends.openrlhf.loader import load
-
-NO_CLIP = 1e9
+from unirl_backends.openrlhf.translate import NO_CLIP
 _DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 

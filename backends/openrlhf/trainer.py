@@ -44,14 +44,6 @@ class OpenRLHFTrainer(NativeTrainer):
     def _engine(self, name: str) -> Any:
         return self.optimizers[name]
 
-    def _even_micro_batches(self, n: int, what: str) -> list[slice]:
-        size = self.recipe.trainer.micro_batch_size
-        if n % size:
-            raise ConfigError(f"trainer.micro_batch_size={size} must divide the {n} {what} of a step: OpenRLHF "
-                              f"averages the loss per micro-batch, so uneven micro-batches would weight pairs "
-                              f"unequally", key="trainer.micro_batch_size", value=size)
-        return self._micro_batches(n)
-
     def _logits(self, name: str, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Float32 logits; trained models run through their DeepSpeed engine. Positions are
         unirl's (0..T-1 over the padded row, as every backend), not Actor.forward's cumsum."""

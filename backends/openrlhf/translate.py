@@ -19,7 +19,7 @@ from unirl_backends.openrlhf.loader import parse_args
 
 #: unirl loss aggregation -> --actor.loss_agg_mode (the only two OpenRLHF's PPO trainer has)
 LOSS_AGG = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean"}
-#: what no OpenRLHF value expresses as a whole-step normaliser through its trainer
+#: --max_norm for trainer.grad_clip=null (OpenRLHF always clips; no gradient norm reaches this)
 NO_CLIP = 1e9
 
 
