@@ -1,13 +1,28 @@
-"""The interfaces between the parts of a run. Backends and plugins implement them.
+"""The interfaces between the parts of a run: the backend contract. Backends and plugins implement them.
 
-One GRPO step flows: ``Task.sample`` -> ``RolloutEngine.generate`` -> ``RewardFn`` ->
-``ReplayBuffer.add`` / ``take`` -> advantages (:mod:`unirl.algorithms`) ->
-``Trainer.train_step`` -> ``RolloutEngine.update_weights``. See docs/architecture.md.
+A backend builds one of two kinds of trainer (docs/architecture.md):
+
+- :class:`EngineTrainer` (engine mode): unirl's driver runs the loop. One rl step is
+  ``Task.sample`` -> ``RolloutEngine.generate`` -> ``RewardFn`` -> ``ReplayBuffer.add`` /
+  ``take`` -> ``EngineTrainer.score`` (old / reference log-probs, values, in one pass) ->
+  advantages (``Backend.math()``, an :class:`AlgorithmMath`) -> ``EngineTrainer.update``
+  (every epoch, mini-batch and micro-batch, policy and critic) -> ``EngineTrainer.sync_weights``.
+  Three calls into the trainer per step, whatever ``ppo_epochs``, ``mini_batches`` and
+  ``micro_batch_size`` are. A supervised step (sft, cpt, dpo, rm) is one ``supervised_step``.
+- :class:`StageRunner` (trainer mode): the framework's own trainer runs a whole stage and
+  calls back after each optimizer step (metrics, stop, checkpoint).
+
+What only the conformance kit needs is separate: :class:`FixedBatchSteps` (one optimizer step
+on a given batch, for stage runners; an engine trainer answers it through ``update``) and
+:class:`ConfigTranslator` (``translate`` / ``read_back`` on the backend object).
+
+:func:`unirl.contract.check_trainer` checks a built trainer against these protocols, so a
+missing method is a plugin error naming the plugin and the method.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -33,6 +48,11 @@ class Example:
     def text(self) -> str:
         """The example as raw text, for continued pretraining."""
         return self.prompt + self.completion
+
+
+# -------------------------------------------------------------------------------------------
+# Components: task, reward, rollout, buffer
+# -------------------------------------------------------------------------------------------
 
 
 @runtime_checkable
@@ -66,13 +86,29 @@ class SamplingParams:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """Generates completions with the current policy (``rollout.name``)."""
+    """Generates completions with the current policy (``rollout.name``).
+
+    An engine either samples with the trainer's own module (``shares_trainer_policy`` is True:
+    it took ``EngineTrainer.policy_module()`` at build time, and weight sync sends nothing) or
+    keeps its own copy, which ``load_weights`` refreshes after each update.
+    """
+
+    #: True when the engine samples with the trainer's in-process policy module itself
+    shares_trainer_policy: bool
 
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
         """Completions for every prompt, ``params.n`` each, grouped contiguously."""
 
-    def update_weights(self, trainer: Trainer) -> None:
-        """Make the rollout policy equal the trainer's current weights."""
+    def default_params(self, n: int) -> SamplingParams:
+        """The sampling parameters of the recipe's ``rollout`` section, with ``n`` samples per prompt."""
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Replace the engine's copy of the policy (full tensors by parameter name, on CPU)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What exact resume needs (e.g. the next group index), JSON-serialisable."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @runtime_checkable
@@ -91,42 +127,75 @@ class ReplayBuffer(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+# -------------------------------------------------------------------------------------------
+# What one rl step asks of an engine trainer
+# -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """What :meth:`EngineTrainer.score` must compute for a batch (all in one pass)."""
+
+    #: behaviour log-probs of the current policy: needed when the batch is reused
+    #: (``ppo_epochs x mini_batches > 1``) or the KL enters the reward
+    old_logprobs: bool = False
+    #: log-probs under the frozen reference (the stage keeps one: KL in the loss or the reward)
+    ref_logprobs: bool = False
+    #: critic values (``advantage=gae``)
+    values: bool = False
+
+
+@dataclass
+class Scores:
+    """Per-token tensors ``[B, T-1]`` on unirl's target grid (slot ``j`` scores token ``j + 1``).
+
+    A trainer may return old log-probs it was not asked for (verl recomputes them on-policy as
+    its own trainer does); a requested field must not be None."""
+
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """One rl step's update: ``len(orders)`` epochs, each ``mini_batches`` optimizer steps over
+    the batch in ``orders[epoch]`` order; each mini-batch steps the policy at ``lr`` and, with
+    ``critic``, the critic at ``critic_lr``. Micro-batching is the trainer's
+    (``trainer.micro_batch_size``); the normaliser is each mini-batch's own, so an update does
+    not depend on it. Built by the driver (:func:`unirl.engine.update.plan_update`), which draws
+    the orders from the run's generator, so every backend sees the same mini-batches."""
+
+    lr: float
+    orders: tuple[torch.Tensor, ...]
+    mini_batches: int = 1
+    critic: bool = False
+    critic_lr: float | None = None
+
+    @property
+    def optimizer_steps(self) -> int:
+        return len(self.orders) * self.mini_batches
+
+    def mini_batch_indices(self) -> list[torch.Tensor]:
+        """The index tensor of every mini-batch, in the order they are trained."""
+        n = len(self.orders[0])
+        per = n // self.mini_batches
+        return [order[k * per:(k + 1) * per] for order in self.orders for k in range(self.mini_batches)]
+
+
+# -------------------------------------------------------------------------------------------
+# Trainers
+# -------------------------------------------------------------------------------------------
+
+
 @runtime_checkable
-class Trainer(Protocol):
-    """Owns the models (policy, and as stages need them reference, critic, reward model) and
-    their optimizers. Losses follow the reference semantics of :mod:`unirl.algorithms`."""
+class TrainerBase(Protocol):
+    """What every trainer a backend builds answers: models, state and export."""
 
     tokenizer: Any
 
     def begin_stage(self, stage_type: str) -> None:
         """Create what a stage needs at its first step: reference snapshot, critic, reward model."""
-
-    def lm_step(self, batch: SFTBatch, lr: float) -> dict[str, float]:
-        """One optimizer step of token-mean NLL on ``batch.loss_mask`` (SFT and CPT)."""
-
-    def dpo_step(self, pairs: PairBatch, lr: float) -> dict[str, float]: ...
-
-    def rm_step(self, pairs: PairBatch, lr: float) -> dict[str, float]: ...
-
-    def logprobs(self, batch: RolloutBatch) -> torch.Tensor:
-        """Per-token log-probs [B, T-1] of the current policy (no gradient)."""
-
-    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
-        """Per-token log-probs under the frozen reference, or None when the stage keeps none."""
-
-    def values(self, batch: RolloutBatch) -> torch.Tensor:
-        """Critic values [B, T-1] (advantage=gae)."""
-
-    def policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
-        """One optimizer step of the recipe's policy loss on a batch with advantages."""
-
-    def critic_step(self, batch: RolloutBatch) -> dict[str, float]: ...
-
-    def policy_module(self) -> Any:
-        """The in-process policy module, for same-process rollout engines (may be None)."""
-
-    def policy_weights(self) -> dict[str, Any]:
-        """The policy's full (unsharded) tensors on CPU, for rollout engines that keep a copy."""
 
     def state_dict(self) -> dict[str, Any]:
         """``{"models": {name: tensors}, ...}``: model tensors are saved as safetensors."""
@@ -135,6 +204,92 @@ class Trainer(Protocol):
 
     def export(self, run_dir: str) -> dict[str, str]:
         """Write trained models as Hugging Face directories (safetensors); returns name -> path."""
+
+    def close(self) -> None:
+        """Release processes, groups and memory; the driver calls it once, even after a failure."""
+
+
+@runtime_checkable
+class EngineTrainer(TrainerBase, Protocol):
+    """Engine mode: owns the models (policy, and as stages need them reference, critic, reward
+    model) and their optimizers; unirl's driver runs the loop. Losses follow the reference
+    semantics of :mod:`unirl.algorithms`."""
+
+    def supervised_step(self, stage_type: str, batch: SFTBatch | PairBatch, lr: float) -> dict[str, float]:
+        """One optimizer step of a non-rl stage: ``sft`` / ``cpt`` (an SFTBatch: token-mean NLL on
+        ``batch.loss_mask``; the row's loss key is ``loss/lm``), ``dpo`` or ``rm`` (a PairBatch)."""
+
+    def score(self, batch: RolloutBatch, request: ScoreRequest) -> Scores:
+        """Everything the step needs from the models before the update, in one pass, without
+        gradient and without changing ``batch``."""
+
+    def update(self, batch: RolloutBatch, plan: UpdatePlan) -> dict[str, float]:
+        """The whole update of one rl step (``batch`` has advantages, and returns for the critic):
+        every optimizer step of ``plan``; returns the metrics averaged over those steps."""
+
+    def sync_weights(self, rollout: RolloutEngine) -> dict[str, float]:
+        """Bring ``rollout``'s policy to the trainer's weights. Sends nothing when the rollout
+        shares the trainer's module or already has this version; returns the bytes sent
+        (``weights/sync_bytes``)."""
+
+    def policy_module(self) -> Any:
+        """The in-process policy module a same-process rollout may share, or None."""
+
+
+@runtime_checkable
+class StageRunner(TrainerBase, Protocol):
+    """Trainer mode: the framework's own trainer runs each stage (TRL's trainers; verl's
+    ``main_ppo`` and OpenRLHF's Ray trainer on GPU)."""
+
+    def run_stage(self, stage: Any, lr: float, *, parts: Any, start_step: int,
+                  on_step: Callable[[dict[str, float]], bool]) -> str | None:
+        """Train ``stage`` from ``start_step`` (a resumed stage skips finished steps). Call
+        ``on_step(row)`` after every optimizer step: it records metrics, writes checkpoints and
+        returns True when the framework's loop must stop now. Return None, or ``"dry_run"`` when
+        the stage was only prepared (files written, command printed) and nothing was trained."""
+
+
+@runtime_checkable
+class FixedBatchSteps(Protocol):
+    """Conformance L2 only: one optimizer step on a given batch, for trainers whose own loop
+    cannot be handed a batch (stage runners). Engine trainers answer L2 through ``update``."""
+
+    def fixed_step(self, stage_type: str, batch: Any, lr: float) -> dict[str, float]:
+        """``rl``: a RolloutBatch with advantages, old and reference log-probs; otherwise as
+        :meth:`EngineTrainer.supervised_step`."""
+
+
+# -------------------------------------------------------------------------------------------
+# The backend object
+# -------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class AlgorithmMath(Protocol):
+    """A framework's own functions behind unirl's canonical math (reference:
+    :class:`unirl.algorithms.reference.ReferenceMath`). Engine-mode runs compute the KL in the
+    reward and the advantages with it; conformance L1 compares every method to the reference."""
+
+    def aggregate(self, loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm_length: int) -> torch.Tensor: ...
+
+    def advantages(self, algo: Any, scores: torch.Tensor, mask: torch.Tensor, group_index: torch.Tensor,
+                   values: torch.Tensor | None = None, kl: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def advantages_and_returns(self, algo: Any, scores: torch.Tensor, mask: torch.Tensor, group_index: torch.Tensor,
+                               values: torch.Tensor | None = None, kl: torch.Tensor | None = None,
+                               ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def kl(self, logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str, clamp: float | None) -> torch.Tensor: ...
+
+    def policy_loss(self, algo: Any, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
+                    advantages: torch.Tensor, mask: torch.Tensor, entropy: torch.Tensor | None,
+                    norm_length: int) -> torch.Tensor: ...
+
+    def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                   clip: float | None) -> torch.Tensor: ...
+
+    def dpo_loss(self, pi_c: torch.Tensor, pi_r: torch.Tensor, ref_c: torch.Tensor, ref_r: torch.Tensor, *,
+                 beta: float, loss_type: str, label_smoothing: float) -> torch.Tensor: ...
 
 
 @dataclass
@@ -145,24 +300,33 @@ class BuildContext:
     run_dir: str
     model_path: str
     tokenizer: Any = None
-    trainer: Trainer | None = None
+    trainer: EngineTrainer | StageRunner | None = None
 
 
 @runtime_checkable
 class Backend(Protocol):
-    """What ``backend=NAME`` builds: the training side of a run, and what the conformance
-    kit needs to check it (``docs/conformance.md``)."""
+    """What ``backend=NAME`` builds: the training side of a run."""
 
     name: str
 
-    def build_trainer(self, ctx: BuildContext) -> Trainer: ...
+    def build_trainer(self, ctx: BuildContext) -> EngineTrainer | StageRunner:
+        """An :class:`EngineTrainer` or a :class:`StageRunner` (the run's mode follows from which)."""
+
+    def math(self) -> AlgorithmMath:
+        """The framework's math (L1, and the advantages / reward KL of engine-mode runs)."""
+
+
+@runtime_checkable
+class ConfigTranslator(Protocol):
+    """Conformance L0, on the backend object: the recipe as the framework's native config."""
 
     def translate(self, recipe: Any) -> Any:
-        """L0: the recipe as the framework's native config (accepted by its own parser)."""
+        """The recipe as the framework's native config (accepted by its own parser)."""
 
     def read_back(self, native: Any) -> list[tuple[str, Any]]:
-        """L0: the canonical ``(knob, value)`` pairs recovered from a native config."""
+        """The canonical ``(knob, value)`` pairs recovered from a native config."""
 
-    def math(self) -> Any:
-        """L1: an adapter with the methods of :class:`unirl.algorithms.reference.ReferenceMath`,
-        computed by the framework's own functions."""
+
+#: Deprecated (unirl 0.1): the one-call-per-tensor trainer. Still accepted, wrapped by
+#: :class:`unirl.engine.legacy.LegacyTrainer` with a DeprecationWarning; removed in 0.3.
+Trainer = EngineTrainer
