@@ -40,7 +40,7 @@ def prepare(work: Path, steps: int, batch: int, group: int, micro: int) -> tuple
     from unirl.config import load_recipe
     from unirl.models.tiny import build_tiny_model
     from unirl.protocols import BuildContext
-    from unirl.testing.components import build_component
+    from unirl.testing.components import make_component
     from unirl_backends.trl.translate import stage_config
 
     # GRPO needs a policy that sometimes answers right: warm-start the tiny model with SFT first
@@ -51,7 +51,7 @@ def prepare(work: Path, steps: int, batch: int, group: int, micro: int) -> tuple
     model = work / "sft" / "model"
     overrides = _recipe_overrides(model, work / "unirl-run", steps, batch, group, micro)
     recipe = load_recipe(ROOT / "configs" / "grpo_tiny.yaml", overrides)
-    task = build_component("task", "arithmetic", dict(recipe.task), ctx=BuildContext(recipe, "", str(model)),
+    task = make_component("task", "arithmetic", dict(recipe.task), ctx=BuildContext(recipe, "", str(model)),
                            recipe_overrides=[f"seed={recipe.seed}"])
     prompts = work / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": ex.prompt, "answer": ex.answer}) + "\n"

@@ -1,9 +1,11 @@
-"""Built-in task and reward, registered through the entry point ``builtin`` like any plugin."""
+"""Built-in tasks, rewards, the HF-generate rollout and the memory buffer, registered through the entry point ``builtin`` like any plugin."""
 
 from __future__ import annotations
 
 from unirl import hookimpl
+from unirl.buffers.options import MemoryBufferConfig
 from unirl.rewards import FunctionRewardConfig
+from unirl.rollouts.options import HFGenerateConfig
 from unirl.tasks.arithmetic import ArithmeticRewardConfig, ArithmeticTaskConfig
 from unirl.tasks.text_file import TextFileTaskConfig
 
@@ -23,3 +25,15 @@ def unirl_register_rewards(register):
     register("function", "unirl.rewards:load_function_reward", config_class=FunctionRewardConfig,
              description="any TRL-style (prompts, completions, **kw) or verl-style compute_score function, "
                          "by import path or .py file")
+
+
+@hookimpl
+def unirl_register_rollouts(register):
+    register("hf_generate", "unirl.rollouts.hf_generate:HFGenerateRollout", config_class=HFGenerateConfig,
+             description="Hugging Face generate() with KV cache, in the trainer's process")
+
+
+@hookimpl
+def unirl_register_buffers(register):
+    register("memory", "unirl.buffers.memory:MemoryBuffer", config_class=MemoryBufferConfig,
+             description="in-memory FIFO of rollout batches, saved in checkpoints")

@@ -35,6 +35,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         console.print(f"done: {result['global_step']} steps in {result['wall_s']:.1f}s; exported {where}",
                       highlight=False)
         return 0
+    if result["status"] == "dry_run":
+        console.print(f"dry run: the files and the command are in {result['run_dir']}; nothing was trained",
+                      highlight=False)
+        return 0
     why = "run.stop_after" if result["status"] == "stopped" else "interrupted"
     console.print(f"stopped after global step {result['global_step']} ({why}); continue with resume=auto",
                   highlight=False)

@@ -72,6 +72,10 @@ class PluginLoadError(UnirlError):
     """An installed plugin failed to import or to register; names the plugin and its distribution."""
 
 
+class PluginContractError(PluginLoadError):
+    """A plugin built an object that lacks methods of the backend contract (unirl.protocols)."""
+
+
 class RunError(UnirlError):
     """A run failed after it started (exit code 1); the run directory keeps what was written."""
 

@@ -79,40 +79,35 @@ class Driver:
     def _build(self, run_dir: Path) -> Any:
         import torch
 
+        from unirl.components import build_component
+        from unirl.contract import check_trainer, is_stage_runner
         from unirl.engine.stages import Components
         from unirl.models.loading import load_tokenizer
+        from unirl.models.tiny import ensure_base_model
         from unirl.protocols import BuildContext
         from unirl.rewards import adapt_reward_fn
 
         recipe, registry = self.recipe, self.host.registry
-        model_path = recipe.model.path
-        if model_path is None:
-            model_path = str(run_dir / "base_model")
-            if not (Path(model_path) / "config.json").exists():
-                from unirl.models.tiny import build_tiny_model
-
-                self.console.print(f"building the tiny Qwen2 model (seed {recipe.seed}) in {model_path}")
-                build_tiny_model(model_path, seed=recipe.seed, **OmegaConf.to_container(recipe.model.tiny))
+        model_path = ensure_base_model(recipe, run_dir, self.console)
         ctx = BuildContext(recipe=recipe, run_dir=str(run_dir), model_path=model_path,
                            tokenizer=load_tokenizer(model_path))
-        backend = registry.get("backend", recipe.backend).load()(recipe)
-        ctx.trainer = backend.build_trainer(ctx)
-
-        def make(section: str, kind: str) -> Any:
-            options = dict(recipe[section])
-            reg = registry.get(kind, options.pop("name"), key=f"{section}.name")
-            config = reg.config_class(**options) if reg.config_class is not None else options
-            return reg.load()(config, ctx)
+        registration = registry.get("backend", recipe.backend)
+        backend = registration.load()(recipe)
+        owner = f"plugin {registration.plugin!r} (backend {recipe.backend!r})"
+        self._trainer = ctx.trainer = check_trainer(backend.build_trainer(ctx), owner)
+        self.trainer_mode = is_stage_runner(ctx.trainer)
 
         torch.manual_seed(recipe.seed)  # building parts must not change what the run samples
         math = None
-        if self.capabilities.mode == "engine":
+        if not self.trainer_mode:
             from unirl.algorithms.reference import ReferenceMath
 
             math = backend.math() if hasattr(backend, "math") else ReferenceMath()
-        self._parts = Components(recipe=recipe, trainer=ctx.trainer, task=make("task", "task"),
-                                 reward=adapt_reward_fn(make("reward", "reward"), data_source=recipe.task.name),
-                                 rollout=make("rollout", "rollout"), buffer=make("buffer", "buffer"), math=math)
+        self._parts = Components(recipe=recipe, trainer=ctx.trainer, task=build_component(recipe, "task", "task", ctx),
+                                 reward=adapt_reward_fn(build_component(recipe, "reward", "reward", ctx),
+                                                        data_source=recipe.task.name),
+                                 rollout=build_component(recipe, "rollout", "rollout", ctx),
+                                 buffer=build_component(recipe, "buffer", "buffer", ctx), math=math)
         return self._parts
 
     def _restore(self, parts: Any, path: Path) -> dict[str, Any]:
@@ -133,14 +128,15 @@ class Driver:
         ``"interrupted"`` (SIGTERM / Ctrl-C, after checkpointing the step just finished).
 
         Engine mode calls one step function per step; trainer mode hands each stage to the
-        trainer's ``run_stage``, which calls back after every optimizer step. Both go through
+        stage runner's ``run_stage``, which calls back after every optimizer step. Both go through
         :meth:`_after_step`, so metrics, progress, checkpoints and stopping behave the same.
+        A stage runner that only prepared the stage (a dry run) ends the run as ``"dry_run"``.
         """
         from unirl.engine.stages import STEP_FUNCTIONS
         from unirl.progress import StageProgress
 
         recipe = self.recipe
-        trainer_mode = self.capabilities.mode == "trainer"
+        trainer_mode = self.trainer_mode
         while state["stage_index"] < len(recipe.stages):
             stage = self.current_stage = recipe.stages[state["stage_index"]]
             if state["stage_step"] == 0:
@@ -148,7 +144,7 @@ class Driver:
             if stage.type == "rl" and not trainer_mode:
                 # a rollout engine with its own copy of the policy starts each stage (and a
                 # resumed one) from the trainer's weights: earlier stages or the checkpoint changed them
-                parts.rollout.update_weights(parts.trainer)
+                parts.trainer.sync_weights(parts.rollout)
             lr = stage.lr if stage.lr is not None else recipe.trainer.lr
             bar = StageProgress(self.console, stage.name, stage.steps, state["stage_step"], recipe.run.log_every)
             outcome: list[str] = []
@@ -160,7 +156,10 @@ class Driver:
                             outcome.append(result)
                         return result is not None  # True: the framework's loop must stop now
 
-                    parts.trainer.run_stage(stage, lr, parts=parts, start_step=state["stage_step"], on_step=on_step)
+                    ran = parts.trainer.run_stage(stage, lr, parts=parts, start_step=state["stage_step"],
+                                                  on_step=on_step)
+                    if ran == "dry_run" and not outcome:
+                        return "dry_run"
                     if not outcome:
                         raise RunError(f"stage {stage.name!r}: the {recipe.backend} trainer returned after step "
                                        f"{state['stage_step']} of {stage.steps} without finishing the stage")
@@ -250,7 +249,7 @@ class Driver:
         state = {"stage_index": 0, "stage_step": 0, "global_step": 0, "metrics_lines": 0}
         status, exported, writer, t_start = "failed", {}, None, time.perf_counter()
         self.current_stage = None
-        self._parts = None
+        self._parts = self._trainer = None
         restore_signals = self._install_signal_handlers()
         try:
             parts = self._build(run_dir)
@@ -280,9 +279,8 @@ class Driver:
                            f"in {str(run_dir)!r}; continue with resume=auto once fixed.") from exc
         finally:
             restore_signals()
-            close = getattr(self._parts.trainer if self._parts is not None else None, "close", None)
-            if close is not None:
-                close()  # a trainer holding processes (data-parallel ranks) stops them
+            if self._trainer is not None:
+                self._trainer.close()  # a trainer holding processes (data-parallel ranks) stops them
             if writer is not None:
                 writer.close()
             summary = {"status": status, "global_step": state["global_step"], "stage_index": state["stage_index"],

@@ -1,8 +1,11 @@
 """One iteration of each stage type, in engine mode (unirl runs the loop, the trainer trains).
 
-Each function returns the metrics row of one stage step. For ``rl`` a step is one rollout
-batch, trained on for ``algorithm.ppo_epochs`` x ``algorithm.mini_batches`` optimizer steps;
-its row averages the update statistics over them.
+Each function returns the metrics row of one stage step. A supervised step is one
+``EngineTrainer.supervised_step``. An ``rl`` step is one rollout batch and exactly three calls
+into the trainer: ``score`` (every per-token tensor the step needs, in one pass), ``update``
+(``algorithm.ppo_epochs`` x ``algorithm.mini_batches`` optimizer steps; its row averages the
+update statistics over them) and ``sync_weights``. Each phase is timed here, around the
+seam, so every backend is timed the same way.
 """
 
 from __future__ import annotations
@@ -14,56 +17,62 @@ from typing import Any
 import torch
 
 from unirl import metrics as M
+from unirl.config.derived import stage_needs
 from unirl.engine.collate import example_extras, pair_batch, sft_batch, text_batch
+from unirl.engine.update import plan_update
+from unirl.protocols import AlgorithmMath, EngineTrainer, ReplayBuffer, RewardFn, RolloutEngine, ScoreRequest, Task
 
 
 @dataclass
 class Components:
     recipe: Any
-    trainer: Any
-    task: Any
-    reward: Any
-    rollout: Any
-    buffer: Any
+    trainer: EngineTrainer
+    task: Task
+    reward: RewardFn
+    rollout: RolloutEngine
+    buffer: ReplayBuffer
     #: the backend's math (``Backend.math()``): advantages and the KL placed in the reward are
     #: computed by the framework's own functions, the ones conformance L1 checks
-    math: Any = None
+    math: AlgorithmMath | None = None
 
 
-def _lm_row(row: dict[str, float], loss_key: str, tokens: float, t0: float) -> dict[str, float]:
+def _timed_row(row: dict[str, float], tokens: float, t0: float) -> dict[str, float]:
     dt = time.perf_counter() - t0
-    row[loss_key] = row.pop("loss/lm")
     row.update({M.TIME_TRAIN: dt, M.TIME_STEP: dt, M.THROUGHPUT: tokens / dt})
     return row
 
 
+def _lm_step(c: Components, stage: Any, lr: float, batch: Any, loss_key: str, t0: float) -> dict[str, float]:
+    row = c.trainer.supervised_step(stage.type, batch, lr)
+    row[loss_key] = row.pop("loss/lm")
+    return _timed_row(row, float(batch.attention_mask.sum()), t0)
+
+
 def sft_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     t0 = time.perf_counter()
-    batch = sft_batch(c.trainer.tokenizer, c.task.sample(stage.batch_size))
-    return _lm_row(c.trainer.lm_step(batch, lr), M.LOSS_SFT, float(batch.attention_mask.sum()), t0)
+    return _lm_step(c, stage, lr, sft_batch(c.trainer.tokenizer, c.task.sample(stage.batch_size)), M.LOSS_SFT, t0)
 
 
 def cpt_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     t0 = time.perf_counter()
     batch = text_batch(c.trainer.tokenizer, [ex.text for ex in c.task.sample(stage.batch_size)])
-    return _lm_row(c.trainer.lm_step(batch, lr), M.LOSS_CPT, float(batch.attention_mask.sum()), t0)
+    return _lm_step(c, stage, lr, batch, M.LOSS_CPT, t0)
 
 
-def _pair_step(c: Components, stage: Any, lr: float, method: str) -> dict[str, float]:
+def _pair_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     t0 = time.perf_counter()
     pairs = pair_batch(c.trainer.tokenizer, c.task.sample(stage.batch_size))
-    row = getattr(c.trainer, method)(pairs, lr)
-    dt = time.perf_counter() - t0
-    row.update({M.TIME_TRAIN: dt, M.TIME_STEP: dt, M.THROUGHPUT: float(pairs.sequences.attention_mask.sum()) / dt})
-    return row
+    return _timed_row(c.trainer.supervised_step(stage.type, pairs, lr), float(pairs.sequences.attention_mask.sum()),
+                      t0)
 
 
-def dpo_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
-    return _pair_step(c, stage, lr, "dpo_step")
-
-
-def rm_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
-    return _pair_step(c, stage, lr, "rm_step")
+def score_request(recipe: Any) -> ScoreRequest:
+    """What an rl step of ``recipe`` needs from ``EngineTrainer.score``."""
+    algo = recipe.algorithm
+    # Behaviour log-probs are needed once the batch is reused or the KL enters the reward;
+    # otherwise the single update is on-policy and the trainer uses the current ones.
+    return ScoreRequest(old_logprobs=algo.ppo_epochs * algo.mini_batches > 1 or algo.kl_reward_coef > 0,
+                        ref_logprobs=stage_needs(recipe, "rl").reference, values=algo.advantage == "gae")
 
 
 def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
@@ -79,35 +88,24 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     c.buffer.add(rollout)
     batch = c.buffer.take()
     mask = batch.response_mask[:, 1:].float()
-    updates = algo.ppo_epochs * algo.mini_batches
-    # Behaviour log-probs are needed once the batch is reused or the KL enters the reward;
-    # otherwise the single update is on-policy and the trainer uses the current ones.
-    if updates > 1 or algo.kl_reward_coef > 0:
-        batch.old_logprobs = trainer.logprobs(batch)
-    batch.ref_logprobs = trainer.reference_logprobs(batch)
+    request = score_request(c.recipe)
+    scores = trainer.score(batch, request)
+    for name in ("old_logprobs", "ref_logprobs", "values"):
+        if getattr(request, name) and getattr(scores, name) is None:
+            raise RuntimeError(f"{type(trainer).__name__}.score() was asked for {name} and returned None")
+    batch.old_logprobs, batch.ref_logprobs, batch.values = scores.old_logprobs, scores.ref_logprobs, scores.values
+    t3 = time.perf_counter()
     kl = None
     if algo.kl_reward_coef > 0:
         kl = c.math.kl(batch.old_logprobs, batch.ref_logprobs, algo.kl_reward_estimator, algo.kl_clamp)
-    if algo.advantage == "gae":
-        batch.values = trainer.values(batch)
     batch.advantages, batch.returns = c.math.advantages_and_returns(algo, batch.rewards, mask, batch.group_index,
                                                                     batch.values, kl)
-    t3 = time.perf_counter()
-    sums: dict[str, float] = {}
-    per_mb = len(batch) // algo.mini_batches
-    for _ in range(algo.ppo_epochs):
-        order = torch.randperm(len(batch)) if algo.mini_batches > 1 else torch.arange(len(batch))
-        for k in range(algo.mini_batches):
-            mb = batch.select(order[k * per_mb:(k + 1) * per_mb])
-            stats = trainer.policy_step(mb, lr)
-            if algo.advantage == "gae":
-                stats.update(trainer.critic_step(mb))
-            for key, v in stats.items():
-                sums[key] = sums.get(key, 0.0) + v
-    row = {k: v / updates for k, v in sums.items()}
-    row["lr"] = lr
-    c.rollout.update_weights(trainer)
     t4 = time.perf_counter()
+    row = trainer.update(batch, plan_update(algo, len(batch), lr))
+    row["lr"] = lr
+    t5 = time.perf_counter()
+    row.update(trainer.sync_weights(c.rollout))
+    t6 = time.perf_counter()
     resp_tokens = batch.response_mask.sum(-1).float()
     if kl is not None:
         row["kl/reward_mean"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
@@ -120,11 +118,13 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
         M.TIME_GENERATE: t1 - t0,
         M.TIME_REWARD: t2 - t1,
         M.TIME_REF: t3 - t2,
-        M.TIME_TRAIN: t4 - t3,
-        M.TIME_STEP: t4 - t0,
-        M.THROUGHPUT: float(batch.attention_mask.sum()) / (t4 - t0),
+        M.TIME_ADVANTAGES: t4 - t3,
+        M.TIME_TRAIN: t5 - t4,
+        M.TIME_SYNC: t6 - t5,
+        M.TIME_STEP: t6 - t0,
+        M.THROUGHPUT: float(batch.attention_mask.sum()) / (t6 - t0),
     })
     return row
 
 
-STEP_FUNCTIONS = {"sft": sft_step, "cpt": cpt_step, "dpo": dpo_step, "rm": rm_step, "rl": rl_step}
+STEP_FUNCTIONS = {"sft": sft_step, "cpt": cpt_step, "dpo": _pair_step, "rm": _pair_step, "rl": rl_step}

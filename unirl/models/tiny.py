@@ -71,3 +71,18 @@ def build_tiny_model(out_dir: str | Path, *, seed: int, hidden_size: int = 64, i
         "max_position_embeddings": max_position_embeddings,
     }, indent=2))
     return out
+
+
+def ensure_base_model(recipe: Any, run_dir: str | Path | None = None, console: Any = None) -> str:
+    """The recipe's model: ``model.path`` when set, otherwise the tiny model of ``model.tiny``
+    built once into ``RUN_DIR/base_model`` (``run.dir`` when ``run_dir`` is None)."""
+    if recipe.model.path is not None:
+        return str(recipe.model.path)
+    path = Path(run_dir if run_dir is not None else recipe.run.dir) / "base_model"
+    if not (path / "config.json").exists():
+        from omegaconf import OmegaConf
+
+        if console is not None:
+            console.print(f"building the tiny Qwen2 model (seed {recipe.seed}) in {path}")
+        build_tiny_model(path, seed=recipe.seed, **OmegaConf.to_container(recipe.model.tiny))
+    return str(path)

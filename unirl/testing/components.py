@@ -14,20 +14,19 @@ from typing import Any
 from unirl.protocols import BuildContext
 
 
-def build_component(kind: str, name: str, options: dict[str, Any] | None = None, *, host: Any = None,
-                    ctx: BuildContext | None = None, recipe_overrides: Sequence[str] = ()) -> Any:
-    """Build a registered component exactly as a recipe would (options validated by its config class)."""
+def make_component(kind: str, name: str, options: dict[str, Any] | None = None, *, host: Any = None,
+                   ctx: BuildContext | None = None, recipe_overrides: Sequence[str] = ()) -> Any:
+    """Build a registered component exactly as a recipe would (options validated by its config
+    class), through the run's own builder, :func:`unirl.components.build_component`."""
+    from unirl.components import build_component
     from unirl.config import load_recipe
     from unirl.plugin_manager import get_plugin_host
 
     host = host or get_plugin_host()
-    section = {"reward": "reward", "task": "task", "buffer": "buffer", "rollout": "rollout"}[kind]
-    opts = [f"{section}.name={name}", *(f"{section}.{k}={json.dumps(v)}" for k, v in (options or {}).items())]
+    opts = [f"{kind}.name={name}", *(f"{kind}.{k}={json.dumps(v)}" for k, v in (options or {}).items())]
     recipe = load_recipe(None, [*opts, "stages=[{name: s, type: sft, steps: 1}]", *recipe_overrides], host=host)
-    reg = host.registry.get(kind, name, key=f"{section}.name")
-    values = {k: v for k, v in dict(recipe[section]).items() if k != "name"}
-    config = reg.config_class(**values) if reg.config_class is not None else values
-    return reg.load()(config, ctx or BuildContext(recipe=recipe, run_dir="", model_path=""))
+    return build_component(recipe, kind, kind, ctx or BuildContext(recipe=recipe, run_dir="", model_path=""),
+                           host=host)
 
 
 def check_reward(fn: Any, examples: Sequence[tuple[str, str, dict[str, Any], float]]) -> None:

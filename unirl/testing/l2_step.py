@@ -110,7 +110,7 @@ def _policy_loss(model: Any, reference: Any, batch: Any, recipe: Any) -> Any:
     from unirl.algorithms.aggregation import step_normaliser
     from unirl.algorithms.objectives import policy_objective
     from unirl.algorithms.policy_loss import token_entropy, token_logprobs
-    from unirl.engine.needs import loss_norm_length
+    from unirl.config.derived import loss_norm_length
 
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     mask = batch.response_mask[:, 1:].float()

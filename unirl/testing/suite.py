@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from unirl.testing.components import build_component, check_buffer, check_reward, check_task
+from unirl.testing.components import make_component, check_buffer, check_reward, check_task
 from unirl.testing.context import KitContext
 from unirl.testing.runner import level_cases
 
@@ -77,7 +77,7 @@ class RewardTests:
     examples: ClassVar[list[tuple[str, str, dict[str, Any], float]]] = []
 
     def test_reward_contract(self) -> None:
-        check_reward(build_component("reward", self.reward, self.options), self.examples)
+        check_reward(make_component("reward", self.reward, self.options), self.examples)
 
 
 class TaskTests:
@@ -87,7 +87,7 @@ class TaskTests:
     options: ClassVar[dict[str, Any]] = {}
 
     def test_task_contract(self) -> None:
-        check_task(lambda: build_component("task", self.task, self.options))
+        check_task(lambda: make_component("task", self.task, self.options))
 
 
 class BufferTests:
@@ -117,7 +117,7 @@ class BufferTests:
             from unirl.config import load_recipe
 
             recipe = load_recipe(None, ["stages=[{name: s, type: sft, steps: 1}]"])
-            return build_component("buffer", self.buffer, self.options,
+            return make_component("buffer", self.buffer, self.options,
                                    ctx=BuildContext(recipe=recipe, run_dir="", model_path="", tokenizer=_Tok()))
 
         check_buffer(make, batch)
@@ -141,9 +141,11 @@ class RolloutBackendTests:
                              *(f"rollout.{k}={v}" for k, v in self.options.items())], with_model=True)
         tok = load_tokenizer(str(kit.tiny_model))
         ctx = BuildContext(recipe=recipe, run_dir=str(kit.workdir), model_path=str(kit.tiny_model), tokenizer=tok)
-        ctx.trainer = kit.backend_object(recipe).build_trainer(ctx)
-        engine = build_component("rollout", self.rollout, self.options, ctx=ctx,
-                                 recipe_overrides=["stages=[{name: s, type: rl, steps: 1}]"])
+        from unirl.contract import check_trainer
+
+        ctx.trainer = check_trainer(kit.backend_object(recipe).build_trainer(ctx), f"backend {self.backend!r}")
+        engine = make_component("rollout", self.rollout, self.options, ctx=ctx,
+                                recipe_overrides=["stages=[{name: s, type: rl, steps: 1}]"])
         torch.manual_seed(0)
         out = engine.generate(["1+1=", "22+3="], engine.default_params(3))
         assert len(out) == 6 and out.group_index.tolist() == [0, 0, 0, 1, 1, 1]
@@ -156,4 +158,5 @@ class RolloutBackendTests:
             assert (mask[:n] == 1).all() and (mask[n:] == 0).all(), "the response mask is one contiguous run"
             if n < len(mask):
                 assert int(row[n - 1]) == tok.eos_token_id, "a response shorter than max_new_tokens ends at EOS"
-        engine.update_weights(ctx.trainer)  # must not fail; same-process engines may share the module
+        if hasattr(ctx.trainer, "sync_weights"):  # must not fail; same-process engines may share the module
+            ctx.trainer.sync_weights(engine)

@@ -1,16 +1,14 @@
-"""Pure-PyTorch trainer: AdamW on HF models, every loss from :mod:`unirl.algorithms`.
+"""Pure-PyTorch engine trainer: AdamW on HF models, every loss from :mod:`unirl.algorithms`.
 
-Models: ``policy`` (causal LM), ``reference`` (frozen copy of the policy taken when a stage
-that needs it starts), ``critic`` (token-value model for ``advantage=gae``) and
-``reward_model`` (sequence scorer for ``rm`` stages). Gradient accumulation over
-micro-batches uses the step-global normaliser, so an update does not depend on
-``trainer.micro_batch_size``.
+Models (:class:`unirl.models.lifecycle.ModelSet`): ``policy`` (causal LM), ``reference`` (frozen
+copy of the policy taken when a stage that needs it starts), ``critic`` (token-value model for
+``advantage=gae``) and ``reward_model`` (sequence scorer for ``rm`` stages). Gradient
+accumulation over micro-batches uses the step-global normaliser, so an update does not depend
+on ``trainer.micro_batch_size``.
 """
 
 from __future__ import annotations
 
-import copy
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,20 +18,23 @@ from unirl.algorithms.objectives import (dpo_objective, policy_objective, reward
                                          value_objective)
 from unirl.algorithms.policy_loss import sft_token_loss, token_entropy, token_logprobs
 from unirl.batch import PairBatch, RolloutBatch, SFTBatch
-from unirl.engine.needs import loss_norm_length, stage_needs
-from unirl.models.loading import load_causal_lm, load_scorer, load_tokenizer, save_hf_model
-from unirl.protocols import BuildContext
+from unirl.config.derived import loss_norm_length
+from unirl.engine.update import run_mini_batches
+from unirl.models.lifecycle import ModelSet, grad_norm
+from unirl.models.loading import load_tokenizer
+from unirl.models.weights import WeightSync
+from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
 
 
 class NativeTrainer:
+    """An :class:`unirl.protocols.EngineTrainer` in this process."""
+
     def __init__(self, ctx: BuildContext) -> None:
         self.recipe = ctx.recipe
         self.model_path = ctx.model_path
         self.tokenizer = ctx.tokenizer or load_tokenizer(ctx.model_path)
-        self.models: dict[str, torch.nn.Module] = {"policy": load_causal_lm(ctx.model_path, self.recipe.model.dtype)}
-        self.models["policy"].train()
-        self.optimizers: dict[str, torch.optim.Optimizer] = {"policy": self._adamw(self.models["policy"])}
-        self.trained: set[str] = set()
+        self.models = ModelSet(self.recipe, ctx.model_path, self.tokenizer, self._adamw)
+        self.weights = WeightSync()
 
     def _adamw(self, model: torch.nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
         t = self.recipe.trainer
@@ -44,40 +45,19 @@ class NativeTrainer:
 
     @property
     def policy(self) -> torch.nn.Module:
-        return self.models["policy"]
+        return self.models.policy
 
     def policy_module(self) -> torch.nn.Module:
         return self.policy
 
-    def policy_weights(self) -> dict[str, torch.Tensor]:
-        return self.policy.state_dict()
-
-    def snapshot_reference(self) -> None:
-        ref = copy.deepcopy(self.policy).eval()
-        for p in ref.parameters():
-            p.requires_grad_(False)
-        self.models["reference"] = ref
-
-    def _ensure_scorer(self, name: str, per_token: bool, lr: float) -> None:
-        """A scalar-head model whose backbone starts as a copy of the current policy's (so a
-        reward model or critic trained after SFT starts from the SFT model); new head."""
-        if name not in self.models:
-            model = load_scorer(self.model_path, self.recipe.model.dtype, per_token=per_token,
-                                pad_token_id=self.tokenizer.pad_token_id)
-            model.base_model.load_state_dict(self.policy.base_model.state_dict())
-            model.train()
-            self.models[name] = model
-            self.optimizers[name] = self._adamw(model, lr)
-
     def begin_stage(self, stage_type: str) -> None:
-        """Create what a stage needs, at its first step (a resumed stage restores it instead)."""
-        needs = stage_needs(self.recipe, stage_type)
-        if needs.reference:
-            self.snapshot_reference()
-        if needs.critic:
-            self._ensure_scorer("critic", True, self.recipe.algorithm.critic_lr)
-        if needs.reward_model:
-            self._ensure_scorer("reward_model", False, self.recipe.trainer.lr)
+        self.models.begin_stage(stage_type)
+
+    def sync_weights(self, rollout: RolloutEngine) -> dict[str, float]:
+        return self.weights.sync(rollout, self.policy.state_dict)
+
+    def close(self) -> None:
+        pass
 
     # ------------------------------------------------------------------ helpers
 
@@ -86,29 +66,42 @@ class NativeTrainer:
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
     def _finish_step(self, name: str, lr: float) -> float:
-        optimizer, model = self.optimizers[name], self.models[name]
+        optimizer, model = self.models.steppers[name], self.models.models[name]
         for group in optimizer.param_groups:
             group["lr"] = lr
         params = [p for p in model.parameters() if p.grad is not None]
-        clip = self.recipe.trainer.grad_clip
-        if clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params, clip)
-        else:
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        norm = grad_norm(params, self.recipe.trainer.grad_clip)
         if not torch.isfinite(norm):
             optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(f"{name} gradient norm is {float(norm)}; the step was skipped, weights unchanged")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        self.trained.add(name)
+        self.models.trained.add(name)
+        if name == "policy":
+            self.weights.updated()
         return float(norm)
 
     def _forward_logits(self, name: str, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        return self.models[name](input_ids=ids, attention_mask=attn).logits
+        return self.models.models[name](input_ids=ids, attention_mask=attn).logits
+
+    # ------------------------------------------------------------------ the contract's steps
+
+    def supervised_step(self, stage_type: str, batch: SFTBatch | PairBatch, lr: float) -> dict[str, float]:
+        step = {"sft": self._lm_step, "cpt": self._lm_step, "dpo": self._dpo_step, "rm": self._rm_step}[stage_type]
+        return step(batch, lr)
+
+    def score(self, batch: RolloutBatch, request: ScoreRequest) -> Scores:
+        return Scores(
+            old_logprobs=self._token_logprobs("policy", batch) if request.old_logprobs else None,
+            ref_logprobs=self._token_logprobs("reference", batch) if request.ref_logprobs else None,
+            values=self._all_values(batch) if request.values else None)
+
+    def update(self, batch: RolloutBatch, plan: UpdatePlan) -> dict[str, float]:
+        return run_mini_batches(batch, plan, self._policy_step, self._critic_step)
 
     # ------------------------------------------------------------------ language-model losses
 
-    def lm_step(self, batch: SFTBatch, lr: float) -> dict[str, float]:
+    def _lm_step(self, batch: SFTBatch, lr: float) -> dict[str, float]:
         """Token-mean NLL on ``batch.loss_mask`` (completion tokens for SFT, all tokens for CPT)."""
         mask = batch.loss_mask[:, 1:].float()
         n_tokens = float(mask.sum().clamp(min=1))
@@ -131,7 +124,7 @@ class NativeTrainer:
                 out.append((token_logprobs(logits, batch.input_ids[sl]) * mask[sl]).sum(-1))
         return torch.cat(out)
 
-    def dpo_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
+    def _dpo_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
         """One DPO step; chosen and rejected sequences go through the model together."""
         n = len(pairs)
         both = pairs.sequences
@@ -146,11 +139,11 @@ class NativeTrainer:
         return row
 
     def _scores(self, batch: SFTBatch) -> torch.Tensor:
-        out = [self.models["reward_model"](input_ids=batch.input_ids[sl], attention_mask=batch.attention_mask[sl])
+        out = [self.models.models["reward_model"](input_ids=batch.input_ids[sl], attention_mask=batch.attention_mask[sl])
                .logits[:, 0] for sl in self._micro_batches(len(batch))]
         return torch.cat(out)
 
-    def rm_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
+    def _rm_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
         n = len(pairs)
         scores = self._scores(pairs.sequences)
         loss, stats = reward_model_objective(r_c=scores[:n], r_r=scores[n:], n_pairs=float(n))
@@ -166,25 +159,16 @@ class NativeTrainer:
         return torch.cat([token_logprobs(self._forward_logits(name, batch.input_ids[sl], batch.attention_mask[sl]),
                                          batch.input_ids[sl]) for sl in self._micro_batches(len(batch))])
 
-    def logprobs(self, batch: RolloutBatch) -> torch.Tensor:
-        """Per-token log-probs [B, T-1] of the current policy (the behaviour policy of a batch)."""
-        return self._token_logprobs("policy", batch)
-
-    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
-        return self._token_logprobs("reference", batch) if "reference" in self.models else None
-
     def _values(self, batch: RolloutBatch, sl: slice) -> torch.Tensor:
         # value of the state before target token t sits at position t - 1: [B, T-1]
-        return self.models["critic"](input_ids=batch.input_ids[sl], attention_mask=batch.attention_mask[sl]
+        return self.models.models["critic"](input_ids=batch.input_ids[sl], attention_mask=batch.attention_mask[sl]
                                      ).logits[:, :-1, 0].float()
 
     @torch.no_grad()
-    def values(self, batch: RolloutBatch) -> torch.Tensor:
+    def _all_values(self, batch: RolloutBatch) -> torch.Tensor:
         return torch.cat([self._values(batch, sl) for sl in self._micro_batches(len(batch))])
 
-    def policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
-        if batch.advantages is None:
-            raise ValueError("policy_step needs batch.advantages")
+    def _policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
         algo = self.recipe.algorithm
         mask = batch.response_mask[:, 1:].float()
         normaliser = step_normaliser(mask, algo.loss_agg, norm_length=loss_norm_length(self.recipe))
@@ -209,7 +193,7 @@ class NativeTrainer:
         sums.update({"grad/norm": self._finish_step("policy", lr), "lr": lr, "tokens/trained": n_tokens})
         return sums
 
-    def critic_step(self, batch: RolloutBatch) -> dict[str, float]:
+    def _critic_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
         algo = self.recipe.algorithm
         mask = batch.response_mask[:, 1:].float()
         n_tokens = float(mask.sum().clamp(min=1))
@@ -221,36 +205,23 @@ class NativeTrainer:
             loss.backward()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
-        sums["critic/grad_norm"] = self._finish_step("critic", algo.critic_lr)
+        sums["critic/grad_norm"] = self._finish_step("critic", lr)
         return sums
 
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        return {"models": {k: m.state_dict() for k, m in self.models.items()},
-                "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
-                "trained": sorted(self.trained)}
+        return {"models": {k: m.state_dict() for k, m in self.models.models.items()},
+                "optimizers": {k: o.state_dict() for k, o in self.models.steppers.items()},
+                "trained": sorted(self.models.trained)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        models = state["models"]
-        if "reference" in models:
-            self.snapshot_reference()
-        if "critic" in models:
-            self._ensure_scorer("critic", True, self.recipe.algorithm.critic_lr)
-        if "reward_model" in models:
-            self._ensure_scorer("reward_model", False, self.recipe.trainer.lr)
-        for name, sd in models.items():
-            self.models[name].load_state_dict(sd)
+        self.models.restore_models(state["models"])
         for name, sd in state["optimizers"].items():
-            self.optimizers[name].load_state_dict(sd)
-        self.trained = set(state["trained"])
+            self.models.steppers[name].load_state_dict(sd)
+        self.models.trained = set(state["trained"])
+        self.weights.updated()  # a rollout with its own copy must take the restored policy
 
     def export(self, run_dir: str) -> dict[str, str]:
         """The policy to ``model/`` and any trained critic / reward model to ``critic/`` / ``reward_model/``."""
-        out = {}
-        for name, folder in (("policy", "model"), ("critic", "critic"), ("reward_model", "reward_model")):
-            if name in self.trained or (name == "policy" and not self.trained):
-                path = str(Path(run_dir) / folder)
-                save_hf_model(self.models[name], self.tokenizer, path)
-                out[name] = path
-        return out
+        return self.models.export(run_dir)

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from unirl.checkpoint import torch_rng_state
-from unirl.engine.needs import stage_needs
+from unirl.config.derived import stage_needs
 from unirl.errors import ConfigError, RunError
 from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
 from unirl.protocols import BuildContext

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from unirl.capabilities import ON
-from unirl.engine.needs import loss_norm_length
+from unirl.config.derived import loss_norm_length
 from unirl.errors import CapabilityError, ConfigError
 
 #: unirl loss_agg -> TRL GRPO loss_type, each with the same normaliser over a full step

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from unirl.engine.needs import loss_norm_length
+from unirl.config.derived import loss_norm_length
 from unirl_backends.verl.runtime import import_engine
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from unirl.batch import PairBatch, RolloutBatch, SFTBatch
-from unirl.engine.needs import stage_needs
+from unirl.config.derived import stage_needs
 from unirl.errors import ConfigError
 from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
 from unirl.protocols import BuildContext

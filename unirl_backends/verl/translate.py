@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from unirl.engine.needs import loss_norm_length
+from unirl.config.derived import loss_norm_length
 from unirl.errors import ConfigError
 from unirl_backends.verl.math import ADVANTAGE, KL, LOSS_AGG, NO_DUAL_CLIP
 from unirl_backends.verl.runtime import import_verl

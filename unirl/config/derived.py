@@ -1,4 +1,5 @@
-"""What a stage needs besides the policy, derived from the recipe in one place."""
+"""Values derived from the recipe in one place: what a stage needs besides the policy, and the
+fixed-length normaliser of ``seq_mean_token_sum_norm``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""In-memory FIFO replay buffer of rollout batches."""
+"""In-memory FIFO replay buffer of rollout batches (``buffer.name=memory``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rollout with Hugging Face ``generate`` (KV cache) in the trainer's process."""
+"""Rollout with Hugging Face ``generate`` (KV cache) in the trainer's process (``rollout.name=hf_generate``)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,21 @@ from unirl.protocols import BuildContext, SamplingParams
 
 
 class HFGenerateRollout:
-    """Samples with the trainer's own module when it is in-process (no weight copy needed),
-    otherwise with its own copy loaded from ``model.path`` and refreshed by ``update_weights``."""
+    """Samples with the trainer's own module when it is in-process (``shares_trainer_policy``:
+    weight sync sends nothing), otherwise with its own copy loaded from ``model.path`` and
+    refreshed by ``load_weights``."""
 
     def __init__(self, config: Any, ctx: BuildContext) -> None:
         self.config = config
         self.tokenizer = ctx.tokenizer
-        shared = ctx.trainer.policy_module() if ctx.trainer is not None else None
+        policy_module = getattr(ctx.trainer, "policy_module", None)
+        shared = policy_module() if policy_module is not None else None
         if shared is not None:
-            self.model, self._shared = shared, True
+            self.model, self.shares_trainer_policy = shared, True
         else:
             from unirl.models.loading import load_causal_lm
 
-            self.model, self._shared = load_causal_lm(ctx.model_path, ctx.recipe.model.dtype), False
+            self.model, self.shares_trainer_policy = load_causal_lm(ctx.model_path, ctx.recipe.model.dtype), False
         self._next_group = 0
 
     def default_params(self, n: int) -> SamplingParams:
@@ -66,10 +68,8 @@ class HFGenerateRollout:
             prompts=[p for p in prompts for _ in range(params.n)], completions=completions,
         )
 
-    def update_weights(self, trainer: Any) -> None:
-        if self._shared:
-            return  # same module object: already current
-        self.model.load_state_dict(trainer.policy_weights())
+    def load_weights(self, weights: Any) -> None:
+        self.model.load_state_dict(weights)
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_group": self._next_group}

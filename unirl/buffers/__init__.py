@@ -1,0 +1,1 @@
+"""Replay buffers every engine-mode backend can use (``buffer.name``)."""

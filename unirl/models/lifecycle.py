@@ -1,0 +1,92 @@
+"""The models an in-process trainer holds, and their lifecycle: the policy, a frozen reference
+snapshot, scalar-head scorers (critic, reward model) started from the policy's backbone, and
+export as Hugging Face directories. The native and OpenRLHF trainers compose it; what steps
+each trained model (a torch optimizer, a DeepSpeed engine) is the trainer's ``make_stepper``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from unirl.models.loading import load_causal_lm, load_scorer, save_hf_model
+from unirl.config.derived import stage_needs
+
+#: where each trained model is exported inside the run directory
+EXPORT_FOLDERS = (("policy", "model"), ("critic", "critic"), ("reward_model", "reward_model"))
+
+
+class ModelSet:
+    def __init__(self, recipe: Any, model_path: str, tokenizer: Any,
+                 make_stepper: Callable[[torch.nn.Module, float], Any]) -> None:
+        self.recipe, self.model_path, self.tokenizer = recipe, model_path, tokenizer
+        self.make_stepper = make_stepper
+        self.models: dict[str, torch.nn.Module] = {"policy": load_causal_lm(model_path, recipe.model.dtype)}
+        self.models["policy"].train()
+        #: what steps each trained model: a torch optimizer (native) or a DeepSpeed engine (openrlhf)
+        self.steppers: dict[str, Any] = {"policy": make_stepper(self.models["policy"], recipe.trainer.lr)}
+        self.trained: set[str] = set()
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        return self.models["policy"]
+
+    def snapshot_reference(self) -> None:
+        """The frozen reference: a copy of the policy as it is now."""
+        ref = copy.deepcopy(self.policy).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        self.models["reference"] = ref
+
+    def ensure_scorer(self, name: str, per_token: bool, lr: float) -> None:
+        """A scalar-head model whose backbone starts as a copy of the current policy's (so a
+        reward model or critic trained after SFT starts from the SFT model); new head."""
+        if name not in self.models:
+            model = load_scorer(self.model_path, self.recipe.model.dtype, per_token=per_token,
+                                pad_token_id=self.tokenizer.pad_token_id)
+            model.base_model.load_state_dict(self.policy.base_model.state_dict())
+            model.train()
+            self.models[name] = model
+            self.steppers[name] = self.make_stepper(model, lr)
+
+    def begin_stage(self, stage_type: str) -> None:
+        """Create what a stage needs, at its first step (a resumed stage restores it instead)."""
+        needs = stage_needs(self.recipe, stage_type)
+        if needs.reference:
+            self.snapshot_reference()
+        if needs.critic:
+            self.ensure_scorer("critic", True, self.recipe.algorithm.critic_lr)
+        if needs.reward_model:
+            self.ensure_scorer("reward_model", False, self.recipe.trainer.lr)
+
+    def restore_models(self, models: dict[str, Any]) -> None:
+        """Recreate the models a checkpoint holds and load their tensors."""
+        if "reference" in models:
+            self.snapshot_reference()
+        if "critic" in models:
+            self.ensure_scorer("critic", True, self.recipe.algorithm.critic_lr)
+        if "reward_model" in models:
+            self.ensure_scorer("reward_model", False, self.recipe.trainer.lr)
+        for name, sd in models.items():
+            self.models[name].load_state_dict(sd)
+
+    def export(self, run_dir: str) -> dict[str, str]:
+        """The policy to ``model/`` and any trained critic / reward model to ``critic/`` / ``reward_model/``."""
+        out = {}
+        for name, folder in EXPORT_FOLDERS:
+            if name in self.trained or (name == "policy" and not self.trained):
+                path = str(Path(run_dir) / folder)
+                save_hf_model(self.models[name], self.tokenizer, path)
+                out[name] = path
+        return out
+
+
+def grad_norm(params: list[torch.Tensor], clip: float | None) -> torch.Tensor:
+    """The global L2 norm of the gradients before clipping; clipped to ``clip`` in place when set."""
+    if clip is not None:
+        return torch.nn.utils.clip_grad_norm_(params, clip)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))

@@ -1,0 +1,41 @@
+"""Weight sync from a trainer to a rollout engine, sending only what the rollout lacks.
+
+Nothing is sent to an engine that samples with the trainer's own module
+(``shares_trainer_policy``), nor to one that already holds the trainer's current policy
+version (e.g. the sync at a stage start right after the last step's). Trainers call
+:meth:`WeightSync.updated` after each optimizer step of the policy.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from types import SimpleNamespace
+from typing import Any
+
+from unirl import metrics as M
+
+
+class WeightSync:
+    def __init__(self) -> None:
+        self.version = 0  # bumped by every policy update (and by a checkpoint restore)
+        self._held: dict[int, int] = {}  # id(rollout) -> the version it holds
+
+    def updated(self) -> None:
+        self.version += 1
+
+    def sync(self, rollout: Any, full_weights: Callable[[], Mapping[str, Any]]) -> dict[str, float]:
+        """Push ``full_weights()`` to ``rollout`` if it needs them; the bytes sent."""
+        if getattr(rollout, "shares_trainer_policy", False) or self._held.get(id(rollout)) == self.version:
+            return {M.WEIGHT_SYNC_BYTES: 0.0}
+        weights = full_weights()
+        load = getattr(rollout, "load_weights", None)
+        if load is not None:
+            load(weights)
+        else:  # a rollout written against unirl 0.1's update_weights(trainer)
+            warnings.warn(f"{type(rollout).__name__}.update_weights(trainer) is deprecated: implement "
+                          f"load_weights(weights) (unirl.protocols.RolloutEngine); removed in unirl 0.3",
+                          DeprecationWarning, stacklevel=3)
+            rollout.update_weights(SimpleNamespace(policy_weights=lambda: weights, policy_module=lambda: None))
+        self._held[id(rollout)] = self.version
+        return {M.WEIGHT_SYNC_BYTES: float(sum(t.numel() * t.element_size() for t in weights.values()))}

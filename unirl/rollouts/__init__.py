@@ -1,0 +1,1 @@
+"""Rollout engines every engine-mode backend can use (``rollout.name``)."""
