@@ -31,13 +31,13 @@ class SeqMeanMath(ReferenceMath):
 
 
 class SeqMeanTrainer(NativeTrainer):
-    def policy_step(self, batch, lr):
+    def update(self, batch, plan):
         if self.recipe.algorithm.loss_agg != "token_mean":
-            return super().policy_step(batch, lr)
+            return super().update(batch, plan)
         saved = self.recipe
         self.recipe = OmegaConf.merge(saved, {"algorithm": {"loss_agg": "seq_mean_token_mean"}})
         try:
-            return super().policy_step(batch, lr)
+            return super().update(batch, plan)
         finally:
             self.recipe = saved
 

@@ -11,7 +11,7 @@ from unirl.config import load_recipe
 from unirl.config import choices
 from unirl.engine.collate import pair_batch, sft_batch
 from unirl.models.loading import load_tokenizer
-from unirl.protocols import BuildContext, Example
+from unirl.protocols import BuildContext, Example, ScoreRequest, UpdatePlan
 from unirl_backends.native.trainer import NativeTrainer
 from tests.conftest import DEMO
 
@@ -28,7 +28,7 @@ def _capture(trainer: NativeTrainer, call) -> dict[str, torch.Tensor]:
     grads: dict[str, torch.Tensor] = {}
 
     def finish(name, lr):
-        for pname, p in trainer.models[name].named_parameters():
+        for pname, p in trainer.models.models[name].named_parameters():
             if p.grad is not None:
                 grads[f"{name}.{pname}"] = p.grad.detach().clone()
                 p.grad = None
@@ -54,13 +54,23 @@ def _rollout(trainer: NativeTrainer, n: int = 8) -> RolloutBatch:
                          group_index=torch.arange(n) // 4, prompt_len=p_len,
                          rewards=torch.rand(n, generator=g))
     mask = resp[:, 1:].float()
-    batch.old_logprobs = trainer.logprobs(batch) + 0.1 * torch.randn(n, p_len + r_len - 1, generator=g) * mask
+    batch.old_logprobs = _old_logprobs(trainer, batch) + 0.1 * torch.randn(n, p_len + r_len - 1, generator=g) * mask
     batch.ref_logprobs = batch.old_logprobs - 0.05
     if trainer.recipe.algorithm.advantage == "gae":
-        batch.values = trainer.values(batch)
+        batch.values = trainer.score(batch, ScoreRequest(values=True)).values
     batch.advantages, batch.returns = compute_advantages(trainer.recipe.algorithm, scores=batch.rewards, mask=mask,
                                                          group_index=batch.group_index, values=batch.values)
     return batch
+
+
+def _old_logprobs(trainer: NativeTrainer, batch: RolloutBatch) -> torch.Tensor:
+    return trainer.score(batch, ScoreRequest(old_logprobs=True)).old_logprobs
+
+
+def _one_step(trainer: NativeTrainer, batch: RolloutBatch, critic: bool = False):
+    """The update of an rl step that is one optimizer step (one epoch, one mini-batch)."""
+    plan = UpdatePlan(lr=1e-3, orders=(torch.arange(len(batch)),), critic=critic, critic_lr=1e-3)
+    return lambda: trainer.update(batch, plan)
 
 
 def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -79,26 +89,21 @@ def test_policy_gradient_is_micro_batch_invariant(tiny_model_dir, loss_agg):
     for mbs in (8, 2):
         trainer = _trainer(tiny_model_dir, *common, f"trainer.micro_batch_size={mbs}")
         batch = _rollout(trainer)
-        grads.append(_capture(trainer, lambda: trainer.policy_step(batch, 1e-3)))
+        grads.append(_capture(trainer, _one_step(trainer, batch)))
     _assert_same(*grads)
 
 
 def test_lm_dpo_and_rm_gradients_are_micro_batch_invariant(tiny_model_dir):
     examples = [Example(prompt=f"{a}+{a}=", answer=str(2 * a), completion=str(2 * a), rejected=str(2 * a + 1))
                 for a in range(8)]
-    for method, needs in (("lm", None), ("dpo", "dpo"), ("rm", "rm")):
+    for stage_type in ("sft", "dpo", "rm"):
         grads = []
         for mbs in (16, 3):
             trainer = _trainer(tiny_model_dir, f"trainer.micro_batch_size={mbs}")
-            if needs:
-                trainer.begin_stage(needs)
+            trainer.begin_stage(stage_type)
             tok = trainer.tokenizer
-            if method == "lm":
-                batch = sft_batch(tok, examples)
-                grads.append(_capture(trainer, lambda: trainer.lm_step(batch, 1e-3)))
-            else:
-                pairs = pair_batch(tok, examples)
-                grads.append(_capture(trainer, lambda: getattr(trainer, f"{method}_step")(pairs, 1e-3)))
+            batch = sft_batch(tok, examples) if stage_type == "sft" else pair_batch(tok, examples)
+            grads.append(_capture(trainer, lambda: trainer.supervised_step(stage_type, batch, 1e-3)))
         _assert_same(*grads)
 
 
@@ -109,8 +114,8 @@ def test_critic_gradient_is_micro_batch_invariant(tiny_model_dir):
                            f"trainer.micro_batch_size={mbs}")
         trainer.begin_stage("rl")
         batch = _rollout(trainer)
-        grads.append(_capture(trainer, lambda: trainer.critic_step(batch)))
-    assert all(k.startswith("critic.") for k in grads[0])
+        grads.append({k: v for k, v in _capture(trainer, _one_step(trainer, batch, critic=True)).items()
+                      if k.startswith("critic.")})
     _assert_same(*grads)
 
 
@@ -119,8 +124,8 @@ def test_on_policy_step_matches_explicit_old_logprobs(tiny_model_dir):
     trainer = _trainer(tiny_model_dir)
     batch = _rollout(trainer)
     batch.ref_logprobs = None
-    explicit = trainer.logprobs(batch)
+    explicit = _old_logprobs(trainer, batch)
     batch.old_logprobs = None
-    implicit_grads = _capture(trainer, lambda: trainer.policy_step(batch, 1e-3))
+    implicit_grads = _capture(trainer, _one_step(trainer, batch))
     batch.old_logprobs = explicit
-    _assert_same(implicit_grads, _capture(trainer, lambda: trainer.policy_step(batch, 1e-3)))
+    _assert_same(implicit_grads, _capture(trainer, _one_step(trainer, batch)))

@@ -131,6 +131,27 @@ def test_the_loader_stand_ins_are_still_needed(module):
     assert "No module named 'flash_attn'" in proc.stderr or "No module named 'vllm'" in proc.stderr
 
 
+def test_the_stand_ins_leave_no_trace_and_never_replace_a_loaded_module():
+    """load() places its stand-ins only while it imports; afterwards sys.modules holds none of
+    them, and a module that was already loaded is used as it is."""
+    import types
+
+    from unirl_backends.openrlhf import loader
+
+    loader.load()
+    assert not [n for n, m in sys.modules.items() if n.startswith("openrlhf") and loader.is_standin(m)]
+    assert "openrlhf.models.loss" in sys.modules  # the leaf modules stay loaded
+    real = types.ModuleType("openrlhf.trainer.ray.launcher")  # e.g. OpenRLHF's own, imported by the user
+    sys.modules["openrlhf.trainer.ray.launcher"] = real
+    try:
+        with loader.standins() as placed:
+            assert sys.modules["openrlhf.trainer.ray.launcher"] is real
+            assert "openrlhf.trainer.ray.launcher" not in placed and "openrlhf.models" in placed
+        assert sys.modules["openrlhf.trainer.ray.launcher"] is real and "openrlhf.models" not in sys.modules
+    finally:
+        del sys.modules["openrlhf.trainer.ray.launcher"]
+
+
 def test_wrong_estimator_mapping_fails_l1(monkeypatch):
     """reinforce_baseline (group mean, then batch whitening) is not grpo: L1 catches it."""
     from unirl.testing import l1_math
@@ -160,11 +181,11 @@ def test_one_optimizer_step_per_call_whatever_the_accumulation_of_the_previous_o
     tok = load_tokenizer(str(tiny_model_dir))
     trainer = OpenRLHFBackend(recipe).build_trainer(BuildContext(recipe=recipe, run_dir=str(tmp_path),
                                                                  model_path=str(tiny_model_dir), tokenizer=tok))
-    engine = trainer.optimizers["policy"]
+    engine = trainer.models.steppers["policy"]
     examples = _examples()
     for n in (2, 4, 6, 2):  # 1, 2, 3, 1 micro-batches
         before = engine.global_steps
-        row = trainer.lm_step(sft_batch(tok, (examples * 3)[:n]), 1e-3)
+        row = trainer.supervised_step("sft", sft_batch(tok, (examples * 3)[:n]), 1e-3)
         assert engine.global_steps == before + 1 and row["grad/norm"] > 0
 
 

@@ -7,10 +7,12 @@ Conformance (L0-L3) is in ``conformance_tests/test_verl.py``; the demo learning 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from tests.conftest import DEMO, read_rows, run_cli
+from tests.conftest import DEMO, ROOT, child_env, read_rows, run_cli
 from unirl.config import load_recipe
 from unirl.errors import CapabilityError, ConfigError
 
@@ -208,12 +210,15 @@ def test_two_gloo_ranks_train_the_same_curve_as_one(tiny_model_dir, tmp_path):
 
 
 def test_a_failing_rank_stops_every_rank_and_names_itself(tmp_path):
-    from unirl.errors import RunError
-    from unirl_backends.verl.ranks import SpawnedRanks
+    from omegaconf import OmegaConf
 
-    recipe = load_recipe(DEMO, ["backend=verl", "parallel.dp=2"])
+    from unirl.distributed.ranks import SpawnedRanks
+    from unirl.errors import RunError
+    from unirl_backends.verl.policy_rank import make_policy_rank
+
+    recipe = OmegaConf.to_container(load_recipe(DEMO, ["backend=verl", "parallel.dp=2"]), resolve=True)
     with pytest.raises(RunError, match=r"verl data-parallel start-up failed on rank \d:\n.*Traceback") as err:
-        SpawnedRanks(recipe, str(tmp_path / "no-model"), 0, 2)
+        SpawnedRanks(make_policy_rank, recipe, str(tmp_path / "no-model"), 0, world=2, name="verl")
     assert "no-model" in str(err.value)
 
 
@@ -258,3 +263,48 @@ def test_trainer_mode_needs_cuda_and_says_so(tmp_path, capsys):
     assert "need a CUDA device" in capsys.readouterr().err
     assert main([str(DEMO), f"run.dir={tmp_path / 'run'}", "--stage", "sft_warmup", "--dry-run"]) == 2
     assert "its rl stages: 'grpo'" in capsys.readouterr().err
+
+
+def test_import_verl_loads_nothing_of_unirl():
+    """unirl declares no verl.plugins entry point: its CPU platform is registered only when
+    unirl's verl backend runs (unirl_backends.verl.runtime.import_verl)."""
+    code = ("import sys, verl; from verl.plugin.platform.platform_manager import PlatformRegistry; "
+            "print([m for m in sys.modules if m.split('.')[0] in ('unirl', 'unirl_backends')]); "
+            "print(PlatformRegistry.registered_names())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=child_env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    modules, platforms = proc.stdout.strip().splitlines()[-2:]
+    assert modules == "[]" and "'cpu'" not in platforms
+
+
+_ENV_PROBE = """
+import json, os, sys
+from rich.console import Console
+from unirl.config import load_recipe
+from unirl.engine.driver import Driver
+from unirl.plugin_manager import get_plugin_host
+keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RAY_AUTH_MODE",
+        "VERL_PLATFORM")
+out = {}
+for dp in (1, 2):
+    before = {k: os.environ.get(k) for k in keys}
+    recipe = load_recipe(sys.argv[1], ["backend=verl", f"parallel.dp={dp}", f"run.dir={sys.argv[2]}/dp{dp}",
+                                       f"model.path={sys.argv[3]}", *sys.argv[4:]])
+    status = Driver(recipe, get_plugin_host(), Console(quiet=True)).run()["status"]
+    out[dp] = {"status": status, "changed": {k: os.environ.get(k) for k in keys if os.environ.get(k) != before[k]}}
+print(json.dumps(out))
+"""
+
+
+def test_a_verl_run_leaves_the_drivers_environment_as_it_was(tiny_model_dir, tmp_path):
+    """After a verl run in a process (dp=1: a gloo group in that process; dp=2: spawned ranks),
+    the process holds no torch.distributed variable it did not have before, and neither Ray's
+    authentication nor verl's platform choice was switched by environment."""
+    proc = subprocess.run([sys.executable, "-c", _ENV_PROBE, str(DEMO), str(tmp_path), str(tiny_model_dir),
+                           "stages.0.steps=1", "stages.1.steps=1", "stages.1.batch_size=2", "algorithm.group_size=2",
+                           "trainer.micro_batch_size=4", "run.threads=1"],
+                          capture_output=True, text=True, timeout=600, env=child_env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"1": {"status": "completed", "changed": {}}, "2": {"status": "completed", "changed": {}}}

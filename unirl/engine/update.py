@@ -32,6 +32,13 @@ def require_update_fields(batch: Any, plan: UpdatePlan) -> None:
                          f"backend's math before the update)")
 
 
+def mini_batch(batch: Any, index: torch.Tensor) -> Any:
+    """The rows ``index`` of ``batch``; the batch itself when that is all of it in order."""
+    if len(index) == len(batch) and bool((index == torch.arange(len(batch))).all()):
+        return batch
+    return batch.select(index)
+
+
 def run_mini_batches(batch: Any, plan: UpdatePlan, policy_step: Callable[[Any, float], dict[str, float]],
                      critic_step: Callable[[Any, float], dict[str, float]] | None = None) -> dict[str, float]:
     """Every optimizer step of ``plan`` in this process: ``policy_step(mini_batch, lr)`` and, with
@@ -39,7 +46,7 @@ def run_mini_batches(batch: Any, plan: UpdatePlan, policy_step: Callable[[Any, f
     require_update_fields(batch, plan)
     sums: dict[str, float] = {}
     for index in plan.mini_batch_indices():
-        mb = batch.select(index)
+        mb = mini_batch(batch, index)
         stats = policy_step(mb, plan.lr)
         if plan.critic:
             if critic_step is None:

@@ -89,4 +89,4 @@ def grad_norm(params: list[torch.Tensor], clip: float | None) -> torch.Tensor:
     """The global L2 norm of the gradients before clipping; clipped to ``clip`` in place when set."""
     if clip is not None:
         return torch.nn.utils.clip_grad_norm_(params, clip)
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params]))

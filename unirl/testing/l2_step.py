@@ -1,7 +1,9 @@
 """L2: one optimizer step from identical weights and batch against the reference step.
 
 The backend trains through its own trainer (with ``trainer.micro_batch_size=2``, so its
-gradient accumulation is exercised); the oracle is a plain full-batch forward/backward of
+gradient accumulation is exercised): an engine trainer through the calls a run makes
+(``supervised_step``; ``update`` with a one-step plan), a stage runner through
+:class:`unirl.protocols.FixedBatchSteps`; the oracle is a plain full-batch forward/backward of
 the same HF model with the reference objective, ``clip_grad_norm_`` and ``torch.optim.AdamW``.
 Compared: the loss, the pre-clip gradient norm, and the parameter update relative to lr.
 """
@@ -67,8 +69,21 @@ def _oracle_update(model: Any, recipe: Any, loss_fn: Any) -> tuple[float, float,
     return float(loss.detach()), float(norm), {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def fixed_step(trainer: Any, stage_type: str, batch: Any, lr: float) -> dict[str, float]:
+    """One optimizer step of ``trainer`` on ``batch``, through the contract it implements."""
+    import torch
+
+    from unirl.protocols import UpdatePlan
+
+    if hasattr(trainer, "fixed_step"):
+        return trainer.fixed_step(stage_type, batch, lr)
+    if stage_type == "rl":
+        return trainer.update(batch, UpdatePlan(lr=lr, orders=(torch.arange(len(batch)),)))
+    return trainer.supervised_step(stage_type, batch, lr)
+
+
 def _step_check(ctx: KitContext, name: str, knobs: dict[str, Any], overrides: list[str], stage: str,
-                make_batch: Any, backend_call: Any, loss_key: str, oracle_loss: Any) -> CheckResult:
+                make_batch: Any, loss_key: str, oracle_loss: Any) -> CheckResult:
     import copy
 
     from safetensors.torch import load_file
@@ -84,11 +99,16 @@ def _step_check(ctx: KitContext, name: str, knobs: dict[str, Any], overrides: li
         batch = make_batch(tok, oracle, recipe)
         run_dir = ctx.workdir / f"l2-{name}-{'-'.join(str(v) for v in knobs.values())}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        trainer = ctx.backend_object(recipe).build_trainer(BuildContext(recipe=recipe, run_dir=str(run_dir),
-                                                                        model_path=str(ctx.tiny_model), tokenizer=tok))
-        trainer.begin_stage(stage)
-        row = backend_call(trainer, copy.deepcopy(batch))
-        exported = trainer.export(str(run_dir))["policy"]
+        from unirl.contract import check_trainer
+
+        trainer = check_trainer(ctx.backend_object(recipe).build_trainer(BuildContext(
+            recipe=recipe, run_dir=str(run_dir), model_path=str(ctx.tiny_model), tokenizer=tok)), f"backend {ctx.backend!r}")
+        try:
+            trainer.begin_stage(stage)
+            row = fixed_step(trainer, stage, copy.deepcopy(batch), LR)
+            exported = trainer.export(str(run_dir))["policy"]
+        finally:
+            trainer.close()
         got = load_file(f"{exported}/model.safetensors")
         loss, norm, expected = _oracle_update(oracle, recipe, lambda m: oracle_loss(m, reference, batch, recipe))
     except Exception as exc:  # noqa: BLE001
@@ -184,8 +204,7 @@ def _rl_case(ctx: KitContext, mode: str) -> CheckResult:
         accepted.append(option)
     knobs = {"algorithm.loss_agg": mode, **dict(o.split("=") for o in accepted)}
     return _step_check(ctx, "rl_step", knobs, [*base, *accepted], "rl",
-                       lambda tok, m, r: _rl_batch(tok, m, r.algorithm), lambda tr, b: tr.policy_step(b, LR),
-                       "loss/total", _policy_loss)
+                       lambda tok, m, r: _rl_batch(tok, m, r.algorithm), "loss/total", _policy_loss)
 
 
 def _stage_case(ctx: KitContext, stage: str) -> CheckResult:
@@ -193,13 +212,12 @@ def _stage_case(ctx: KitContext, stage: str) -> CheckResult:
 
     if not ctx.claims("stages.type", stage):
         return ctx.skip(f"{stage}_step", "L2", "stages.type", stage)
-    make, call, key, oracle = {
-        "sft": (lambda tok, m, r: sft_batch(tok, _examples()), lambda tr, b: tr.lm_step(b, LR), "loss/lm", _sft_loss),
-        "dpo": (lambda tok, m, r: pair_batch(tok, _examples()), lambda tr, b: tr.dpo_step(b, LR), "loss/dpo",
-                _dpo_loss),
+    make, key, oracle = {
+        "sft": (lambda tok, m, r: sft_batch(tok, _examples()), "loss/lm", _sft_loss),
+        "dpo": (lambda tok, m, r: pair_batch(tok, _examples()), "loss/dpo", _dpo_loss),
     }[stage]
     return _step_check(ctx, f"{stage}_step", {"stages.type": stage},
-                       [f"stages=[{{name: s, type: {stage}, steps: 1, batch_size: 6}}]"], stage, make, call, key, oracle)
+                       [f"stages=[{{name: s, type: {stage}, steps: 1, batch_size: 6}}]"], stage, make, key, oracle)
 
 
 def cases() -> list[Case]:

@@ -20,9 +20,13 @@ OpenRLHF's package initialisers import GPU-only packages before anything else ca
   import Ray/vLLM/flash-attn at the top): :func:`cli_parser` runs those statements of
   OpenRLHF's file, up to ``parser.parse_args()``, without importing the module.
 
-Nothing of OpenRLHF is edited or copied; the real ``openrlhf.models`` package (``Actor``)
-cannot be imported in the same process afterwards. ``tests/test_openrlhf_backend.py``
-checks that the stand-ins are still needed, so this module goes when OpenRLHF changes.
+Nothing of OpenRLHF is edited or copied. The stand-ins exist only while :func:`load` imports
+the modules it needs, and are then removed from ``sys.modules``: the rest of the process sees
+OpenRLHF's real packages (the loaded leaf modules stay). A module some other part of the
+process imported before is never replaced: when the real ``openrlhf.models`` is already
+loaded (a machine with OpenRLHF's GPU stack), it is used as it is.
+``tests/test_openrlhf_backend.py`` checks that the stand-ins are still needed and that none
+is left behind, so this module goes when OpenRLHF changes.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import importlib.util
 import os
 import sys
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
@@ -49,16 +55,12 @@ def package_dir() -> str:
 
 
 def _empty_package(name: str, path: str) -> types.ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
     module = types.ModuleType(name)
     module.__path__ = [path]
     module.__package__ = name
     module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
     module.__spec__.submodule_search_locations = [path]
-    sys.modules[name] = module
-    parent, _, child = name.rpartition(".")
-    setattr(sys.modules[parent], child, module)
+    module.__unirl_standin__ = True
     return module
 
 
@@ -66,30 +68,51 @@ def _environment() -> None:
     import torch
 
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
-@lru_cache(maxsize=1)
-def install_standins() -> None:
-    """Register the three stand-ins (idempotent)."""
+def is_standin(module: Any) -> bool:
+    return bool(getattr(module, "__unirl_standin__", False))
+
+
+@contextmanager
+def standins() -> Iterator[list[str]]:
+    """Place the three stand-ins where no module of that name is loaded; on exit remove the
+    ones placed (yields their names). Modules imported meanwhile stay loaded."""
     _environment()
     import openrlhf  # noqa: F401  (its own __init__ is empty)
     import openrlhf.trainer  # noqa: F401
     import openrlhf.utils  # noqa: F401
 
     root = package_dir()
-    _empty_package("openrlhf.models", os.path.join(root, "models"))
-    _empty_package("openrlhf.trainer.ray", os.path.join(root, "trainer", "ray"))
-    _empty_package("openrlhf.utils.deepspeed", os.path.join(root, "utils", "deepspeed"))
-    if "openrlhf.trainer.ray.launcher" not in sys.modules:
-        launcher = types.ModuleType("openrlhf.trainer.ray.launcher")
+    launcher = types.ModuleType("openrlhf.trainer.ray.launcher")
 
-        class RayActorGroup:  # experience_maker.py uses it as an annotation only
-            pass
+    class RayActorGroup:  # experience_maker.py uses it as an annotation only
+        pass
 
-        launcher.RayActorGroup = RayActorGroup
-        sys.modules["openrlhf.trainer.ray.launcher"] = launcher
-        sys.modules["openrlhf.trainer.ray"].launcher = launcher
+    launcher.RayActorGroup = RayActorGroup
+    launcher.__unirl_standin__ = True
+    wanted = [("openrlhf.models", _empty_package("openrlhf.models", os.path.join(root, "models"))),
+              ("openrlhf.trainer.ray", _empty_package("openrlhf.trainer.ray", os.path.join(root, "trainer", "ray"))),
+              ("openrlhf.utils.deepspeed",
+               _empty_package("openrlhf.utils.deepspeed", os.path.join(root, "utils", "deepspeed"))),
+              ("openrlhf.trainer.ray.launcher", launcher)]
+    placed: list[str] = []
+    for name, module in wanted:
+        if name in sys.modules:
+            continue  # the real module (or a stand-in still in use): never replaced
+        sys.modules[name] = module
+        parent, _, child = name.rpartition(".")
+        setattr(sys.modules[parent], child, module)
+        placed.append(name)
+    try:
+        yield placed
+    finally:
+        for name in reversed(placed):
+            module = sys.modules.pop(name, None)
+            parent, _, child = name.rpartition(".")
+            owner = sys.modules.get(parent)
+            if owner is not None and getattr(owner, child, None) is module:
+                delattr(owner, child)
 
 
 @lru_cache(maxsize=1)
@@ -99,12 +122,12 @@ def load() -> types.SimpleNamespace:
     compute_reward, compute_entropy, masked_mean), ``experience`` (Experience),
     ``experience_maker`` (RemoteExperienceMaker), ``kl_controller``, ``loss_utils`` (the
     optimizer-step normaliser) and ``deepspeed_utils`` (the DeepSpeed config builders)."""
-    install_standins()
-    return types.SimpleNamespace(**{short: importlib.import_module(f"openrlhf.{path}") for short, path in (
-        ("loss", "models.loss"), ("utils", "models.utils"), ("experience", "trainer.ppo_utils.experience"),
-        ("experience_maker", "trainer.ppo_utils.experience_maker"),
-        ("kl_controller", "trainer.ppo_utils.kl_controller"), ("loss_utils", "utils.loss_utils"),
-        ("deepspeed_utils", "utils.deepspeed.deepspeed_utils"))})
+    with standins():
+        return types.SimpleNamespace(**{short: importlib.import_module(f"openrlhf.{path}") for short, path in (
+            ("loss", "models.loss"), ("utils", "models.utils"), ("experience", "trainer.ppo_utils.experience"),
+            ("experience_maker", "trainer.ppo_utils.experience_maker"),
+            ("kl_controller", "trainer.ppo_utils.kl_controller"), ("loss_utils", "utils.loss_utils"),
+            ("deepspeed_utils", "utils.deepspeed.deepspeed_utils"))})
 
 
 @lru_cache(maxsize=2)
@@ -131,7 +154,7 @@ def cli_parser(cli: str) -> Any:
 
 def parse_args(cli: str, argv: list[str]) -> Any:
     """OpenRLHF's parser on ``argv``, nested by its own ``openrlhf.utils.config.hierarchize``."""
-    install_standins()
+    _environment()
     from openrlhf.utils.config import hierarchize
 
     return hierarchize(cli_parser(cli).parse_args(list(argv)))

@@ -1,7 +1,7 @@
 """The unirl trainer object for ``backend=openrlhf`` (engine mode).
 
 Each trained model (policy; reward model for ``rm`` stages) is a DeepSpeed engine configured
-as OpenRLHF's strategy configures it (:mod:`unirl_backends.openrlhf.engine`); every loss is
+as OpenRLHF's strategy configures it (:mod:`unirl_backends.openrlhf.deepspeed_engine`); every loss is
 OpenRLHF's: ``SFTLoss`` (sft/cpt), ``DPOLoss`` (dpo), ``PairWiseLoss`` (rm) and, for rl,
 ``PolicyLoss`` with the KL loss and entropy bonus as ``PolicyActor.training_step`` adds them.
 Token log-probs and entropies come from OpenRLHF's ``log_probs_from_logits`` and
@@ -9,8 +9,8 @@ Token log-probs and entropies come from OpenRLHF's ``log_probs_from_logits`` and
 OpenRLHF's ``_optimizer_step_loss_norm`` (the step's token and sequence counts), so the update
 is one mean over the whole step whatever ``trainer.micro_batch_size``.
 
-Model handling (the frozen reference, the reward-model scorer, export) is the native
-trainer's; only the optimizer steps and the losses differ.
+Model handling (the frozen reference, the reward-model scorer, export) is core's
+:class:`unirl.models.lifecycle.ModelSet`, whose steppers here are DeepSpeed engines.
 """
 
 from __future__ import annotations
@@ -20,42 +20,85 @@ from typing import Any
 import torch
 
 from unirl.batch import PairBatch, RolloutBatch, SFTBatch
+from unirl.engine.update import run_mini_batches
 from unirl.errors import ConfigError
-from unirl.protocols import BuildContext
-from unirl_backends.native.trainer import NativeTrainer
-from unirl_backends.openrlhf.engine import Stepper, build_engine, init_distributed
+from unirl.models.lifecycle import ModelSet
+from unirl.models.loading import load_tokenizer
+from unirl.models.weights import WeightSync
+from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
+from unirl_backends.openrlhf.deepspeed_engine import Stepper, build_engine, init_distributed
 from unirl_backends.openrlhf.loader import load
 from unirl_backends.openrlhf.math import entropy_from_logits, policy_actor_loss, ppo_args
 
 
-class OpenRLHFTrainer(NativeTrainer):
+class OpenRLHFTrainer:
+    """An :class:`unirl.protocols.EngineTrainer` on DeepSpeed engines, in this process."""
+
     def __init__(self, ctx: BuildContext, options: dict[str, Any] | None = None) -> None:
         self.options = options or {}
         self.zero_stage = int(self.options.get("zero_stage", 0))
-        init_distributed()
+        self.recipe, self.model_path = ctx.recipe, ctx.model_path
+        self._group_env = init_distributed()
         self.orl = load()
-        super().__init__(ctx)
+        self.tokenizer = ctx.tokenizer or load_tokenizer(ctx.model_path)
+        self.models = ModelSet(self.recipe, ctx.model_path, self.tokenizer, self._deepspeed_engine)
+        self.weights = WeightSync()
         self.args = ppo_args(self.recipe.algorithm) if any(s.type == "rl" for s in self.recipe.stages) else None
 
-    def _adamw(self, model: torch.nn.Module, lr: float | None = None) -> Any:
-        """The "optimizer" of a model is its DeepSpeed engine (which owns DeepSpeed's AdamW)."""
+    def _deepspeed_engine(self, model: torch.nn.Module, lr: float | None = None) -> Any:
+        """What steps a model: its DeepSpeed engine (which owns DeepSpeed's AdamW)."""
         return build_engine(model, self.recipe, lr=lr or self.recipe.trainer.lr, zero_stage=self.zero_stage)
 
     def _engine(self, name: str) -> Any:
-        return self.optimizers[name]
+        return self.models.steppers[name]
+
+    def _micro_batches(self, n: int) -> list[slice]:
+        size = self.recipe.trainer.micro_batch_size
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+    def _trained(self, name: str) -> None:
+        self.models.trained.add(name)
+        if name == "policy":
+            self.weights.updated()
 
     def _logits(self, name: str, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Float32 logits; trained models run through their DeepSpeed engine. Positions are
         unirl's (0..T-1 over the padded row, as every backend), not Actor.forward's cumsum."""
-        model = self.optimizers[name] if name in self.optimizers else self.models[name]
+        steppers = self.models.steppers
+        model = steppers[name] if name in steppers else self.models.models[name]
         return model(input_ids=ids, attention_mask=attn).logits.float()
+
+    # ------------------------------------------------------------------ the contract
+
+    def begin_stage(self, stage_type: str) -> None:
+        self.models.begin_stage(stage_type)
+
+    def policy_module(self) -> torch.nn.Module:
+        return self.models.policy
+
+    def sync_weights(self, rollout: RolloutEngine) -> dict[str, float]:
+        return self.weights.sync(rollout, self.models.policy.state_dict)
+
+    def supervised_step(self, stage_type: str, batch: SFTBatch | PairBatch, lr: float) -> dict[str, float]:
+        step = {"sft": self._lm_step, "cpt": self._lm_step, "dpo": self._dpo_step, "rm": self._rm_step}[stage_type]
+        return step(batch, lr)
+
+    def score(self, batch: RolloutBatch, request: ScoreRequest) -> Scores:
+        if request.values:
+            raise ConfigError("advantage=gae is declared unsupported on backend 'openrlhf' (no critic)",
+                              key="algorithm.advantage", value="gae")
+        return Scores(old_logprobs=self._token_logprobs("policy", batch) if request.old_logprobs else None,
+                      ref_logprobs=self._token_logprobs("reference", batch) if request.ref_logprobs else None)
+
+    def update(self, batch: RolloutBatch, plan: UpdatePlan) -> dict[str, float]:
+        return run_mini_batches(batch, plan, self._policy_step)
 
     def _token_logp(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return self.orl.utils.log_probs_from_logits(logits[:, :-1], ids[:, 1:])
 
     # ------------------------------------------------------------------ language-model losses
 
-    def lm_step(self, batch: SFTBatch, lr: float) -> dict[str, float]:
+    def _lm_step(self, batch: SFTBatch, lr: float) -> dict[str, float]:
         mask = batch.loss_mask[:, 1:].float()
         slices = self._micro_batches(len(batch))
         info = self.orl.loss_utils._optimizer_step_loss_norm([mask[sl] for sl in slices], None, 1, len(slices))
@@ -66,7 +109,7 @@ class OpenRLHFTrainer(NativeTrainer):
             loss = loss_fn(logp, mask[sl], **info)
             step.backward(loss)
             total += float(loss.detach()) / len(slices)  # DeepSpeed's 1/gas: the step's token mean
-        self.trained.add("policy")
+        self._trained("policy")
         return {"loss/lm": total, "grad/norm": step.finish(), "lr": lr, "tokens/trained": float(mask.sum())}
 
     # ------------------------------------------------------------------ preference losses
@@ -92,7 +135,7 @@ class OpenRLHFTrainer(NativeTrainer):
                               value=self.recipe.trainer.micro_batch_size)
         return [slice(i, i + size) for i in range(0, n, size)]
 
-    def dpo_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
+    def _dpo_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
         a = self.recipe.algorithm
         loss_fn = self.orl.loss.DPOLoss(a.beta, label_smoothing=float(a.label_smoothing), ipo=a.dpo_loss == "ipo")
         slices = self._pair_slices(len(pairs))
@@ -110,11 +153,11 @@ class OpenRLHFTrainer(NativeTrainer):
             sums["rewards/rejected"] += float(rejected.mean()) * w
             sums["rewards/margin"] += float((chosen - rejected).mean()) * w
             sums["rewards/accuracy"] += float((chosen > rejected).float().mean()) * w
-        self.trained.add("policy")
+        self._trained("policy")
         sums.update({"grad/norm": step.finish(), "lr": lr, "tokens/trained": float(pairs.sequences.loss_mask.sum())})
         return sums
 
-    def rm_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
+    def _rm_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
         slices = self._pair_slices(len(pairs))
         step, loss_fn = Stepper(self._engine("reward_model"), len(slices), lr), self.orl.loss.PairWiseLoss()
         n, both = len(pairs), pairs.sequences
@@ -128,7 +171,7 @@ class OpenRLHFTrainer(NativeTrainer):
             step.backward(loss)
             sums["loss/rm"] += float(loss.detach()) / len(slices)
             sums["rm/accuracy"] += float((scores[:k] > scores[k:]).float().mean()) / len(slices)
-        self.trained.add("reward_model")
+        self._trained("reward_model")
         sums.update({"grad/norm": step.finish(), "lr": lr})
         return sums
 
@@ -139,9 +182,7 @@ class OpenRLHFTrainer(NativeTrainer):
         return torch.cat([self._token_logp(self._logits(name, batch.input_ids[sl], batch.attention_mask[sl]),
                                            batch.input_ids[sl]) for sl in self._micro_batches(len(batch))])
 
-    def policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
-        if batch.advantages is None:
-            raise ValueError("policy_step needs batch.advantages")
+    def _policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
         mask = batch.response_mask[:, 1:].float()
         slices = self._micro_batches(len(batch))
         info = self.orl.loss_utils._optimizer_step_loss_norm([mask[sl] for sl in slices], None, 1, len(slices))
@@ -171,35 +212,35 @@ class OpenRLHFTrainer(NativeTrainer):
         sums["openrlhf/ppo_kl"] /= n_tokens
         if "kl/mean" in sums:
             sums["loss/kl"] = sums["kl/mean"] * self.args.algo.kl.init_coef
-        self.trained.add("policy")
+        self._trained("policy")
         sums.update({"grad/norm": step.finish(), "lr": lr, "tokens/trained": n_tokens})
         return sums
-
-    def critic_step(self, batch: RolloutBatch) -> dict[str, float]:
-        raise NotImplementedError("backend 'openrlhf' declares advantage=gae unsupported (no critic)")
 
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        return {"models": {k: m.state_dict() for k, m in self.models.items()},
-                "optimizers": {k: e.optimizer.state_dict() for k, e in self.optimizers.items()},
-                "trained": sorted(self.trained)}
+        return {"models": {k: m.state_dict() for k, m in self.models.models.items()},
+                "optimizers": {k: e.optimizer.state_dict() for k, e in self.models.steppers.items()},
+                "trained": sorted(self.models.trained)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        models = state["models"]
-        if "reference" in models:
-            self.snapshot_reference()
-        if "reward_model" in models:
-            self._ensure_scorer("reward_model", False, self.recipe.trainer.lr)
-        for name, sd in models.items():
-            self.models[name].load_state_dict(sd)
+        models = dict(state["models"])
+        models.pop("critic", None)  # no critic on this backend
+        self.models.restore_models(models)
         for name, sd in state["optimizers"].items():
-            engine = self.optimizers[name]
+            engine = self.models.steppers[name]
             if engine.zero_optimization_stage() > 0:  # ZeRO keeps fp32 partitions: restore them too
                 engine.optimizer.load_state_dict([sd], load_from_fp32_weights=True)
             else:
                 engine.optimizer.load_state_dict(sd)
-        self.trained = set(state["trained"])
+        self.models.trained = set(state["trained"])
+        self.weights.updated()
+
+    def export(self, run_dir: str) -> dict[str, str]:
+        return self.models.export(run_dir)
 
     def close(self) -> None:
-        self.optimizers.clear()
+        self.models.steppers.clear()
+        if self._group_env is not None:
+            self._group_env.restore()
+            self._group_env = None

@@ -6,7 +6,7 @@ on the stage's data, trained by TRL's own loop; :class:`UnirlCallback` reports e
 step to the driver. The policy is one in-memory model carried from stage to stage, and so is
 the AdamW state (as on the native backend).
 
-Fixed batches (``lm_step``, ``dpo_step``, ``policy_step``; conformance L2): the same TRL
+Fixed batches (``fixed_step``, :class:`unirl.protocols.FixedBatchSteps`; conformance L2): the same TRL
 trainers, but the step is driven by hand: TRL's loss code on the given batch
 (``Trainer.training_step`` for SFT and DPO, ``GRPOTrainer.compute_loss`` on precomputed
 completions for RL, since its ``training_step`` would generate), then clipping and the
@@ -28,6 +28,7 @@ from typing import Any
 from unirl.checkpoint import torch_rng_state
 from unirl.config.derived import stage_needs
 from unirl.errors import ConfigError, RunError
+from unirl.models.lifecycle import grad_norm
 from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
 from unirl.protocols import BuildContext
 from unirl_backends.trl.translate import stage_config, use_cuda
@@ -205,15 +206,13 @@ class TRLTrainer:
 
     @staticmethod
     def _optimizer_step(trainer: Any, lr: float) -> float:
-        import torch
-
         for group in trainer.optimizer.param_groups:
             group["lr"] = lr
         params = [p for p in trainer.model.parameters() if p.grad is not None]
         if trainer.args.max_grad_norm and trainer.args.max_grad_norm > 0:
             norm = trainer.accelerator.clip_grad_norm_(params, trainer.args.max_grad_norm)
         else:
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+            norm = grad_norm(params, None)
         trainer.optimizer.step()
         trainer.model.zero_grad(set_to_none=True)
         return float(norm)
@@ -227,8 +226,18 @@ class TRLTrainer:
             total += float(trainer.training_step(trainer.model, inputs, num_items))
         return total, self._optimizer_step(trainer, lr)
 
-    def lm_step(self, batch: Any, lr: float) -> dict[str, float]:
-        stage_type = "sft" if bool((batch.loss_mask != batch.attention_mask).any()) else "cpt"
+    def fixed_step(self, stage_type: str, batch: Any, lr: float) -> dict[str, float]:
+        """One optimizer step on ``batch`` (conformance L2): TRL's loss code on the given batch."""
+        if stage_type in ("sft", "cpt"):
+            return self._lm_step(stage_type, batch, lr)
+        if stage_type == "dpo":
+            return self._dpo_step(batch, lr)
+        if stage_type == "rl":
+            return self._policy_step(batch, lr)
+        raise ConfigError(f"stages.type={stage_type!r}: backend 'trl' runs sft, cpt, dpo and rl stages",
+                          key="stages.type", value=stage_type)
+
+    def _lm_step(self, stage_type: str, batch: Any, lr: float) -> dict[str, float]:
         trainer = self._stepper(stage_type, len(batch))
         size = trainer.args.per_device_train_batch_size
         labels = batch.input_ids.masked_fill(batch.loss_mask == 0, -100)
@@ -237,7 +246,7 @@ class TRLTrainer:
         loss, norm = self._hf_steps(trainer, micro, lr)
         return {"loss/lm": loss, "grad/norm": norm, "lr": lr, "tokens/trained": float(batch.loss_mask[:, 1:].sum())}
 
-    def dpo_step(self, pairs: Any, lr: float) -> dict[str, float]:
+    def _dpo_step(self, pairs: Any, lr: float) -> dict[str, float]:
         import torch
 
         n, seqs = len(pairs), pairs.sequences
@@ -251,9 +260,9 @@ class TRLTrainer:
         loss, norm = self._hf_steps(trainer, micro, lr)
         return {"loss/dpo": loss, "grad/norm": norm, "lr": lr}
 
-    def policy_step(self, batch: Any, lr: float) -> dict[str, float]:
+    def _policy_step(self, batch: Any, lr: float) -> dict[str, float]:
         if batch.advantages is None:
-            raise ValueError("policy_step needs batch.advantages")
+            raise ValueError("an rl fixed_step needs batch.advantages")
         trainer = self._stepper("rl", len(batch))
         size = trainer.args.per_device_train_batch_size
         trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
@@ -276,23 +285,6 @@ class TRLTrainer:
             total += float(loss.detach())
         norm = self._optimizer_step(trainer, lr)
         return {"loss/total": total, "grad/norm": norm, "lr": lr, "tokens/trained": float(num_items)}
-
-    # ------------------------------------------------------------------ engine-only parts of the protocol
-
-    def logprobs(self, batch: Any) -> Any:
-        raise NotImplementedError("backend 'trl' runs its own RL loop (trainer mode); it has no engine-mode logprobs")
-
-    def reference_logprobs(self, batch: Any) -> Any:
-        raise NotImplementedError("backend 'trl' runs its own RL loop (trainer mode)")
-
-    def values(self, batch: Any) -> Any:
-        raise NotImplementedError("backend 'trl' has no critic (advantage=gae is unsupported)")
-
-    def critic_step(self, batch: Any) -> dict[str, float]:
-        raise NotImplementedError("backend 'trl' has no critic (advantage=gae is unsupported)")
-
-    def rm_step(self, pairs: Any, lr: float) -> dict[str, float]:
-        raise NotImplementedError("backend 'trl' does not run rm stages")
 
     # ------------------------------------------------------------------ state
 
@@ -320,3 +312,7 @@ class TRLTrainer:
         path = str(Path(run_dir) / "model")
         save_hf_model(self.policy, self.tokenizer, path)
         return {"policy": path}
+
+    def close(self) -> None:
+        self._live = None
+        self._steppers.clear()

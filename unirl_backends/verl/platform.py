@@ -3,11 +3,10 @@
 verl 0.9.1 knows the platforms nvidia, huawei and amd (``verl/plugin/platform``); on a machine
 without an accelerator it falls back to nvidia, so its engine asks for CUDA devices and NCCL.
 This module registers ``cpu`` with :class:`verl.plugin.platform.platform_manager.PlatformRegistry`
-(device ``cpu``, communication backend ``gloo``, memory queries answered with 0). verl loads it
-on ``import verl`` through the ``verl.plugins`` entry point in unirl's ``pyproject.toml``; it is
-selected by ``VERL_PLATFORM=cpu`` (set by :func:`unirl_backends.verl.runtime.import_verl` when
-torch has no CUDA) or, failing that, by auto-detection when no accelerator is present. Nothing
-in verl is edited or patched.
+(device ``cpu``, communication backend ``gloo``, memory queries answered with 0). It is imported
+and selected (verl's ``set_platform``) only by :func:`unirl_backends.verl.runtime.import_verl`,
+when unirl's verl backend runs on a machine without CUDA; unirl declares no ``verl.plugins``
+entry point, so ``import verl`` elsewhere never loads it. Nothing in verl is edited or patched.
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
 """Importing verl the way unirl runs it: quiet logs, the CPU platform where there is no CUDA,
 and verl's FSDP engines registered for that platform.
 
-Everything here goes through verl's documented extension points: ``VERL_PLATFORM`` and the
-platform registry (:mod:`unirl_backends.verl.platform`), and ``EngineRegistry.register``, the
-decorator verl's own engines use (``verl/workers/engine/base.py``).
+Everything here goes through verl's documented extension points: the platform registry and
+``set_platform`` (:mod:`unirl_backends.verl.platform`, ``verl/plugin/platform/platform_manager.py``),
+and ``EngineRegistry.register``, the decorator verl's own engines use
+(``verl/workers/engine/base.py``). The CPU platform is registered and selected only here, when
+unirl's verl backend is used: unirl declares no ``verl.plugins`` entry point, so a plain
+``import verl`` elsewhere loads nothing of unirl. No environment variable is changed except
+verl's own log level and tokenizers' parallelism (set only when unset); Ray's authentication is
+never touched.
 """
 
 from __future__ import annotations
@@ -24,13 +29,13 @@ def import_verl() -> Any:
     """Import verl once per process, selecting the CPU platform when torch has no CUDA."""
     os.environ.setdefault("VERL_LOGGING_LEVEL", "WARN")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if not use_cuda():
-        os.environ.setdefault("VERL_PLATFORM", "cpu")
     import verl
+    from verl.plugin.platform.platform_manager import set_platform
 
-    import unirl_backends.verl.platform  # noqa: F401  (registers "cpu"; also loaded by the verl.plugins entry point)
+    from unirl_backends.verl.platform import CPUPlatform  # registers "cpu" with verl's PlatformRegistry
 
+    if not use_cuda():
+        set_platform(CPUPlatform())
     return verl
 
 

@@ -2,9 +2,10 @@
 
 unirl's driver generates, scores, buffers and computes advantages (through
 :class:`unirl_backends.verl.math.VerlMath`, i.e. verl's ``core_algos``); this object trains with
-verl's ``TrainingWorker`` on ``parallel.dp`` ranks (:mod:`unirl_backends.verl.ranks`). Each call
+verl's ``TrainingWorker`` on ``parallel.dp`` ranks (:mod:`unirl.distributed.ranks`). Each call
 splits the step's global batch into equal contiguous shards, one per rank; verl normalises the
-loss over the whole batch, so the update does not depend on ``dp``.
+loss over the whole batch, so the update does not depend on ``dp``. An rl step is one call to
+the ranks for ``score`` and one for ``update`` (every mini-batch), whatever the plan.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from typing import Any
 
 import torch
 
-from unirl.batch import PairBatch, RolloutBatch, SFTBatch
+from unirl.batch import RolloutBatch, SFTBatch
 from unirl.config.derived import stage_needs
+from unirl.engine.update import mini_batch, require_update_fields
 from unirl.errors import ConfigError
 from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
-from unirl.protocols import BuildContext
+from unirl.models.weights import WeightSync
+from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
 
 
 def _shards(n: int, world: int) -> list[slice]:
@@ -27,17 +30,22 @@ def _shards(n: int, world: int) -> list[slice]:
 
 
 class VerlTrainer:
+    """An :class:`unirl.protocols.EngineTrainer` over verl's engine on ``parallel.dp`` ranks."""
+
     def __init__(self, ctx: BuildContext, options: dict[str, Any] | None = None) -> None:
-        from unirl_backends.verl.ranks import LocalRanks, SpawnedRanks
+        from omegaconf import OmegaConf
+
+        from unirl.distributed.ranks import start_ranks
+        from unirl_backends.verl.policy_rank import make_policy_rank
 
         self.recipe, self.model_path = ctx.recipe, ctx.model_path
         self.tokenizer = ctx.tokenizer or load_tokenizer(ctx.model_path)
         self.options = options or {}
-        dp = self.recipe.parallel.dp
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.ranks = LocalRanks(self.recipe, self.model_path, pad) if dp == 1 else \
-            SpawnedRanks(self.recipe, self.model_path, pad, dp)
+        self.ranks = start_ranks(make_policy_rank, OmegaConf.to_container(self.recipe, resolve=True),
+                                 self.model_path, pad, world=self.recipe.parallel.dp, name="verl")
         self.has_reference = False
+        self.weights = WeightSync()
 
     # ------------------------------------------------------------------ helpers
 
@@ -63,49 +71,49 @@ class VerlTrainer:
             self.ranks.call("snapshot_reference")
             self.has_reference = True
 
-    def lm_step(self, batch: SFTBatch, lr: float) -> dict[str, float]:
+    def supervised_step(self, stage_type: str, batch: SFTBatch, lr: float) -> dict[str, float]:
+        if stage_type not in ("sft", "cpt"):
+            raise ConfigError(f"stages.type={stage_type!r}: backend 'verl' runs sft, cpt and rl stages (declared in "
+                              f"its capabilities)", key="stages.type", value=stage_type)
         m = self.ranks.call("lm_step", self._split(batch, ("input_ids", "attention_mask", "loss_mask")), lr=lr)[0]
+        self.weights.updated()
         return {"loss/lm": m["loss"], "grad/norm": m["grad_norm"], "lr": lr,
                 "tokens/trained": float(batch.loss_mask[:, 1:].sum())}
 
-    def dpo_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
-        raise NotImplementedError("verl has no DPO loss (declared unsupported in its capabilities)")
+    def score(self, batch: RolloutBatch, request: ScoreRequest) -> Scores:
+        """Old log-probs always (verl's trainer recomputes the behaviour log-probs on-policy
+        before its update), reference log-probs when asked; one call to the ranks."""
+        if request.values:
+            raise ConfigError("advantage=gae is declared unsupported on backend 'verl'", key="algorithm.advantage",
+                              value="gae")
+        parts = self.ranks.call("score", self._split(batch, ("input_ids", "attention_mask")), old_logprobs=True,
+                                ref_logprobs=request.ref_logprobs and self.has_reference)
+        ref = torch.cat([p["ref_logprobs"] for p in parts]) if parts[0]["ref_logprobs"] is not None else None
+        return Scores(old_logprobs=torch.cat([p["old_logprobs"] for p in parts]), ref_logprobs=ref)
 
-    def rm_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
-        raise NotImplementedError("verl's reward-model training is not wired up (declared unsupported)")
-
-    def _logprobs(self, batch: RolloutBatch, which: str) -> torch.Tensor:
-        parts = self.ranks.call("logprobs", self._split(batch, ("input_ids", "attention_mask")), which=which)
-        return torch.cat(parts)
-
-    def logprobs(self, batch: RolloutBatch) -> torch.Tensor:
-        return self._logprobs(batch, "policy")
-
-    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
-        return self._logprobs(batch, "reference") if self.has_reference else None
-
-    def values(self, batch: RolloutBatch) -> torch.Tensor:
-        raise NotImplementedError("advantage=gae is declared unsupported on backend 'verl'")
-
-    def critic_step(self, batch: RolloutBatch) -> dict[str, float]:
-        raise NotImplementedError("advantage=gae is declared unsupported on backend 'verl'")
-
-    def policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
-        """One optimizer step of verl's ``ppo_loss``. Like verl's trainer, the behaviour
-        log-probs are recomputed with the current weights when the batch has none (on-policy)."""
-        if batch.advantages is None:
-            raise ValueError("policy_step needs batch.advantages")
+    def update(self, batch: RolloutBatch, plan: UpdatePlan) -> dict[str, float]:
+        """Every optimizer step of verl's ``ppo_loss`` in one call to the ranks: each rank gets its
+        share of every mini-batch of the plan."""
+        require_update_fields(batch, plan)
         if batch.old_logprobs is None:
-            batch.old_logprobs = self.logprobs(batch)
-        mask = batch.response_mask[:, 1:]
-        n_seq = int((mask.sum(-1) > 0).sum())
+            raise ValueError("update() needs batch.old_logprobs: verl trains against the behaviour log-probs that "
+                             "score() returns")
         fields = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "advantages", "ref_logprobs")
-        shards = self._split(batch, fields, prompt_len=batch.prompt_len)
-        if self.recipe.algorithm.kl_loss_coef <= 0:
-            for shard in shards:
-                shard["ref_logprobs"] = None
-        m = self.ranks.call("policy_step", shards, lr=lr, global_batch_size=n_seq)[0]
-        row = {"loss/total": m["loss"], "grad/norm": m["grad_norm"], "lr": lr, "tokens/trained": float(mask.sum()),
+        per_rank: list[list[dict[str, Any]]] = [[] for _ in range(self.ranks.world)]
+        sizes, tokens = [], 0.0
+        for index in plan.mini_batch_indices():
+            mb = mini_batch(batch, index)
+            mask = mb.response_mask[:, 1:]
+            sizes.append(int((mask.sum(-1) > 0).sum()))
+            tokens += float(mask.sum())
+            for rank, shard in enumerate(self._split(mb, fields, prompt_len=mb.prompt_len)):
+                if self.recipe.algorithm.kl_loss_coef <= 0:
+                    shard["ref_logprobs"] = None
+                per_rank[rank].append(shard)
+        m = self.ranks.call("update", per_rank, lr=plan.lr, global_batch_sizes=sizes)[0]
+        self.weights.updated()
+        row = {"loss/total": m["loss"], "grad/norm": m["grad_norm"], "lr": plan.lr,
+               "tokens/trained": tokens / plan.optimizer_steps,
                "loss/policy": m.get("actor/pg_loss", float("nan")), "clip/frac": m.get("actor/pg_clipfrac", 0.0),
                "entropy/mean": m.get("actor/entropy_loss", float("nan"))}
         if "kl_loss" in m:
@@ -118,10 +126,13 @@ class VerlTrainer:
     # ------------------------------------------------------------------ weights and state
 
     def policy_module(self) -> Any:
-        return None  # the policy lives in verl's FSDP engine: rollouts keep a copy (policy_weights)
+        return None  # the policy lives in verl's FSDP engine: rollouts keep a copy (sync_weights)
 
-    def policy_weights(self) -> dict[str, torch.Tensor]:
+    def _policy_weights(self) -> dict[str, torch.Tensor]:
         return self.ranks.call("full_state", which="policy", optimizer=False)[0][0]
+
+    def sync_weights(self, rollout: RolloutEngine) -> dict[str, float]:
+        return self.weights.sync(rollout, self._policy_weights)
 
     def state_dict(self) -> dict[str, Any]:
         model, optim = self.ranks.call("full_state", which="policy", optimizer=True)[0]
@@ -136,11 +147,12 @@ class VerlTrainer:
         if "reference" in models:
             self.ranks.call("load_full_state", model=models["reference"], which="reference")
         self.has_reference = bool(state.get("has_reference", "reference" in models))
+        self.weights.updated()
 
     def export(self, run_dir: str) -> dict[str, str]:
         """The policy as a Hugging Face directory (``model/``, safetensors)."""
         model = load_causal_lm(self.model_path, self.recipe.model.dtype)
-        model.load_state_dict(self.policy_weights())
+        model.load_state_dict(self._policy_weights())
         path = str(Path(run_dir) / "model")
         save_hf_model(model, self.tokenizer, path)
         return {"policy": path}

@@ -125,7 +125,7 @@ def compose_ppo(overrides: list[str]) -> Any:
 
 def engine_stage_config(recipe: Any, stage: Any, model_path: str) -> dict[str, Any]:
     """An sft / cpt stage in engine mode: verl's worker config and loss (``sft_loss``)."""
-    from unirl_backends.verl.rank import worker_config
+    from unirl_backends.verl.policy_rank import worker_config
 
     return {"stage_type": stage.type, "loss_fn": "verl.workers.utils.losses.sft_loss",
             "loss_mask": "completion" if stage.type == "sft" else "all",

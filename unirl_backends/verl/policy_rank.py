@@ -219,6 +219,21 @@ class PolicyRank:
 
         return self._train(self._ppo_batch(shard, global_batch_size), partial(ppo_loss, self.actor), lr)
 
+    def score(self, shard: dict[str, Any], old_logprobs: bool, ref_logprobs: bool) -> dict[str, torch.Tensor | None]:
+        """Everything an rl step needs before its update, in one call: behaviour log-probs of the
+        current policy (verl's trainer recomputes them on-policy) and reference log-probs."""
+        return {"old_logprobs": self.logprobs(shard, "policy") if old_logprobs else None,
+                "ref_logprobs": self.logprobs(shard, "reference") if ref_logprobs else None}
+
+    def update(self, mini_batches: list[dict[str, Any]], lr: float, global_batch_sizes: list[int]) -> dict[str, float]:
+        """Every optimizer step of an rl step's update (this rank's share of each mini-batch), in
+        one call; the metrics averaged over the steps."""
+        sums: dict[str, float] = {}
+        for shard, n_seq in zip(mini_batches, global_batch_sizes, strict=True):
+            for key, value in self.policy_step(shard, lr, n_seq).items():
+                sums[key] = sums.get(key, 0.0) + value
+        return {k: v / len(mini_batches) for k, v in sums.items()}
+
     def logprobs(self, shard: dict[str, Any], which: str = "policy") -> torch.Tensor:
         """Per-token log-probs on unirl's grid ``[b, T-1]`` (slot ``j`` scores token ``j + 1``)."""
         from verl.utils import tensordict_utils as tu
@@ -241,3 +256,10 @@ def _to_cpu(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_cpu(v) for v in obj)
     return obj
+
+
+def make_policy_rank(recipe: dict[str, Any], model_path: str, pad_token_id: int) -> PolicyRank:
+    """The rank worker, from plain data (what a spawned rank process receives)."""
+    from omegaconf import OmegaConf
+
+    return PolicyRank(OmegaConf.create(recipe), model_path, pad_token_id)

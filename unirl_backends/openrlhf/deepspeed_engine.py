@@ -18,30 +18,32 @@ from typing import Any
 
 import torch
 
+from unirl.models.lifecycle import grad_norm
 from unirl_backends.openrlhf.loader import load
 from unirl_backends.openrlhf.translate import NO_CLIP
+
 _DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
-def init_distributed() -> None:
+def init_distributed() -> Any:
     """One gloo (NCCL on GPUs) group of one rank, joined by DeepSpeed's communication layer.
+    Returns the :class:`unirl.distributed.env.RankEnvironment` it set (the trainer restores it
+    on close), or None when the variables were already set.
 
     DeepSpeed's CPU accelerator JIT-compiles a small shared-memory op on first use; it is
     cached under ``TORCH_EXTENSIONS_DIR`` (default: the virtualenv's ``torch_extensions``)."""
     import sys
 
-    import torch.distributed as dist
-
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-    if not dist.is_initialized():
-        from unirl.distributed import free_port
+    from unirl.distributed import free_port
+    from unirl.distributed.env import rank_environment
 
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(free_port()))
+    env = rank_environment(0, 1, free_port())  # DeepSpeed's engines read them when they are built
     load()
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    return env
 
 
 def train_config(recipe: Any, *, lr: float, zero_stage: int, micro_batch_size: int, gas: int = 1) -> dict[str, Any]:
@@ -103,8 +105,7 @@ class Stepper:
             raise RuntimeError(f"{self.done} backward passes for a step of {self.gas} micro-batches")
         norm = None
         if self.engine.zero_optimization_stage() == 0:  # DeepSpeed reports no norm without ZeRO
-            grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
-            norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+            norm = float(grad_norm([p for p in self.engine.module.parameters() if p.grad is not None], None))
         self.engine.step()
         if norm is None:
             value = self.engine.get_global_grad_norm()

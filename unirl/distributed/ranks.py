@@ -1,37 +1,27 @@
-"""The data-parallel ranks of a verl run, driven from unirl's process (a single controller).
+"""The data-parallel ranks of a trainer, driven from unirl's process (a single controller).
 
-``parallel.dp=1`` runs the one rank in the driver's own process (a one-member gloo group).
-``parallel.dp=N`` starts N processes (``spawn``), each one rank of a gloo group (NCCL on
-GPUs) holding a :class:`unirl_backends.verl.rank.PolicyRank`; the driver sends every rank the
-same call with its share of the batch over a pipe and waits for all of them. A rank that
-fails reports its traceback; the others are then stopped and the run fails with that message.
+``world == 1``: :class:`LocalRanks`, the one rank in the driver's own process (a one-member
+gloo group; its environment is restored on close). ``world > 1``: :class:`SpawnedRanks`
+starts ``world`` processes (``spawn``), each one rank of a gloo group (NCCL on GPUs) holding
+the worker ``factory(*args)`` builds; the driver sends every rank the same call with its own
+share over a pipe and waits for all of them. A rank that fails reports its traceback; the
+others are then stopped and the call raises :class:`unirl.errors.RunError` naming that rank.
+The parent's environment is never changed.
+
+Both answer ``call(method, shards=None, **kwargs) -> [result per rank]``, where ``shards``
+holds one positional argument per rank.
 """
 
 from __future__ import annotations
 
 import os
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from unirl.distributed import free_port
+from unirl.distributed.env import init_group
 from unirl.errors import RunError
-
-_RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-def _init_group(rank: int, world: int, port: int) -> None:
-    """The process group verl's workers join (they read RANK / WORLD_SIZE / MASTER_* and skip
-    their own init, which would ask for ``cpu:gloo,cpu:gloo`` on the CPU platform)."""
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend=backend, rank=rank, world_size=world)
 
 
 class LocalRanks:
@@ -39,41 +29,38 @@ class LocalRanks:
 
     world = 1
 
-    def __init__(self, recipe: Any, model_path: str, pad_token_id: int) -> None:
+    def __init__(self, factory: Callable[..., Any], *args: Any, name: str = "trainer") -> None:
         import torch.distributed as dist
 
-        from unirl_backends.verl.rank import PolicyRank
-
         if dist.is_initialized() and dist.get_world_size() != 1:
-            raise RunError(f"backend 'verl' with parallel.dp=1 found a torch.distributed group of "
-                           f"{dist.get_world_size()} ranks in this process; run it outside that group")
-        if not dist.is_initialized():
-            _init_group(0, 1, free_port())
-        self.rank = PolicyRank(recipe, model_path, pad_token_id)
+            raise RunError(f"{name} with one rank found a torch.distributed group of {dist.get_world_size()} ranks "
+                           f"in this process; run it outside that group")
+        self._env = init_group(0, 1, free_port())
+        self.worker = factory(*args)
 
-    def call(self, method: str, shards: list[dict[str, Any]] | None = None, **kwargs: Any) -> list[Any]:
+    def call(self, method: str, shards: list[Any] | None = None, **kwargs: Any) -> list[Any]:
         args = (shards[0],) if shards is not None else ()
-        return [getattr(self.rank, method)(*args, **kwargs)]
+        return [getattr(self.worker, method)(*args, **kwargs)]
 
     def close(self) -> None:
-        self.rank = None
+        self.worker = None
+        if self._env is not None:
+            self._env.restore()
+            self._env = None
 
 
-def _serve(rank: int, world: int, port: int, conn: Any, recipe: dict, model_path: str, pad_token_id: int,
+def _serve(rank: int, world: int, port: int, conn: Any, factory: Callable[..., Any], args: tuple,
            threads: int) -> None:
-    """A rank process: build the rank, then answer calls until told to stop."""
+    """A rank process: build the worker, then answer calls until told to stop."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when the run stops
     try:
         import torch
-        from omegaconf import OmegaConf
 
         torch.set_num_threads(threads)
-        _init_group(rank, world, port)
-        from unirl_backends.verl.rank import PolicyRank
-
-        worker = PolicyRank(OmegaConf.create(recipe), model_path, pad_token_id)
+        init_group(rank, world, port)
+        worker = factory(*args)
         conn.send(("ok", None))
     except BaseException:  # noqa: BLE001 - reported to the driver
         conn.send(("error", traceback.format_exc()))
@@ -98,22 +85,20 @@ def _serve(rank: int, world: int, port: int, conn: Any, recipe: dict, model_path
 
 
 class SpawnedRanks:
-    """``world`` rank processes, one gloo group; the driver is not a member."""
+    """``world`` rank processes, one group; the driver is not a member. ``factory`` and ``args``
+    must be picklable (a module-level function and plain data)."""
 
-    def __init__(self, recipe: Any, model_path: str, pad_token_id: int, world: int) -> None:
+    def __init__(self, factory: Callable[..., Any], *args: Any, world: int, name: str = "trainer") -> None:
         import multiprocessing as mp
 
-        from omegaconf import OmegaConf
-
-        self.world = world
+        self.world, self.name = world, name
         ctx = mp.get_context("spawn")
         port, threads = free_port(), max(1, (os.cpu_count() or 1) // world)
-        container = OmegaConf.to_container(recipe, resolve=True)
         self.conns, self.procs = [], []
         for rank in range(world):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, name=f"unirl-verl-rank{rank}", daemon=True,
-                               args=(rank, world, port, child, container, model_path, pad_token_id, threads))
+            proc = ctx.Process(target=_serve, name=f"unirl-{name}-rank{rank}", daemon=True,
+                               args=(rank, world, port, child, factory, args, threads))
             proc.start()
             child.close()
             self.conns.append(parent)
@@ -138,12 +123,12 @@ class SpawnedRanks:
                     error = f"rank {rank}, which exited with code {proc.exitcode}"
                 if error is not None:
                     self.close(force=True)
-                    raise RunError(f"verl data-parallel {what} failed on {error}")
+                    raise RunError(f"{self.name} data-parallel {what} failed on {error}")
         return [results[r] for r in range(self.world)]
 
-    def call(self, method: str, shards: list[dict[str, Any]] | None = None, **kwargs: Any) -> list[Any]:
+    def call(self, method: str, shards: list[Any] | None = None, **kwargs: Any) -> list[Any]:
         if not self.procs:
-            raise RunError("the verl ranks were already stopped")
+            raise RunError(f"the {self.name} ranks were already stopped")
         for rank, conn in enumerate(self.conns):
             conn.send((method, shards[rank] if shards is not None else None, kwargs))
         return self._gather(method)
@@ -161,3 +146,10 @@ class SpawnedRanks:
                 proc.terminate()
                 proc.join(timeout=5)
         self.conns, self.procs = [], []
+
+
+def start_ranks(factory: Callable[..., Any], *args: Any, world: int, name: str) -> LocalRanks | SpawnedRanks:
+    """One rank in this process when ``world == 1``, otherwise ``world`` spawned rank processes."""
+    if world == 1:
+        return LocalRanks(factory, *args, name=name)
+    return SpawnedRanks(factory, *args, world=world, name=name)
