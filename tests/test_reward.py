@@ -6,7 +6,8 @@ import pytest
 
 from unirl.errors import RunError
 from unirl.rewards import adapt_reward_fn
-from unirl.tasks.arithmetic import ArithmeticReward, ArithmeticRewardConfig, ArithmeticTask, ArithmeticTaskConfig
+from unirl.rewards.arithmetic import ArithmeticReward, ArithmeticRewardConfig
+from unirl.tasks.arithmetic import ArithmeticTask, ArithmeticTaskConfig
 
 
 class _Ctx:

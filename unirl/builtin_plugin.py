@@ -1,12 +1,14 @@
-"""Built-in tasks, rewards, the HF-generate rollout and the memory buffer, registered through the entry point ``builtin`` like any plugin."""
+"""Built-in tasks, rewards, the HF-generate rollout and the memory buffer: the parts every
+engine-mode backend composes, registered through the entry point ``builtin`` like any plugin."""
 
 from __future__ import annotations
 
 from unirl import hookimpl
 from unirl.buffers.options import MemoryBufferConfig
 from unirl.rewards import FunctionRewardConfig
+from unirl.rewards.arithmetic import ArithmeticRewardConfig
 from unirl.rollouts.options import HFGenerateConfig
-from unirl.tasks.arithmetic import ArithmeticRewardConfig, ArithmeticTaskConfig
+from unirl.tasks.arithmetic import ArithmeticTaskConfig
 from unirl.tasks.text_file import TextFileTaskConfig
 
 
@@ -20,7 +22,7 @@ def unirl_register_tasks(register):
 
 @hookimpl
 def unirl_register_rewards(register):
-    register("arithmetic", "unirl.tasks.arithmetic:ArithmeticReward", config_class=ArithmeticRewardConfig,
+    register("arithmetic", "unirl.rewards.arithmetic:ArithmeticReward", config_class=ArithmeticRewardConfig,
              description="rule-based reward in [0, 1]: exact integer answer")
     register("function", "unirl.rewards:load_function_reward", config_class=FunctionRewardConfig,
              description="any TRL-style (prompts, completions, **kw) or verl-style compute_score function, "
