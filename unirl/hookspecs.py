@@ -55,9 +55,12 @@ def unirl_register_backends(register: Register) -> None:
     """Register training backends (``backend=NAME`` in a recipe).
 
     Called once, when the plugin manager loads plugins. The factory is called as
-    ``factory(recipe) -> Backend`` (see :class:`unirl.protocols.Backend`: ``build_trainer``,
-    and for the conformance kit ``translate``, ``read_back`` and ``math``); it is imported
-    only when a recipe selects the backend. ``capabilities`` declares what the backend can
+    ``factory(recipe) -> Backend`` (:class:`unirl.protocols.Backend`: ``build_trainer``, which
+    returns an :class:`~unirl.protocols.EngineTrainer` or a :class:`~unirl.protocols.StageRunner`,
+    and ``math``; for conformance L0 also :class:`~unirl.protocols.ConfigTranslator`'s
+    ``translate`` and ``read_back``); it is imported only when a recipe selects the backend.
+    The trainer is checked against its protocol when a run builds it: a missing method is a
+    :class:`unirl.errors.PluginContractError` naming the plugin and the method. ``capabilities`` declares what the backend can
     express: the recipe is checked against it before any model is built.
     """
 
@@ -66,7 +69,9 @@ def unirl_register_backends(register: Register) -> None:
 def unirl_register_rollouts(register: Register) -> None:
     """Register rollout engines (``rollout.name=NAME``).
 
-    Called once at plugin load. ``factory(config, ctx) -> RolloutEngine``.
+    Called once at plugin load. ``factory(config, ctx) -> RolloutEngine``
+    (``generate``, ``default_params``, ``load_weights``, ``state_dict``, ``load_state_dict``;
+    ``shares_trainer_policy`` when it samples with ``ctx.trainer.policy_module()``).
     """
 
 

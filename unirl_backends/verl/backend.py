@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from unirl.protocols import BuildContext
 
 
 class VerlBackend:
-    """verl's FSDP2 ``TrainingWorker`` trains, verl's ``core_algos`` compute (``mode == "engine"``)."""
+    """verl's FSDP2 ``TrainingWorker`` trains, verl's ``core_algos`` compute (engine mode); or
+    verl's ``main_ppo`` runs each rl stage (``backend_options.mode=trainer``)."""
 
     name = "verl"
 
@@ -18,6 +18,12 @@ class VerlBackend:
         self.options = dict(recipe.backend_options) if recipe.backend_options else {}
 
     def build_trainer(self, ctx: BuildContext) -> Any:
+        """Engine mode: the engine trainer. ``backend_options.mode=trainer``: a stage runner that
+        runs each rl stage as verl's own ``main_ppo`` (:mod:`unirl_backends.verl.framework`)."""
+        if self.options.get("mode") == "trainer":
+            from unirl_backends.verl.framework import VerlMainPPO
+
+            return VerlMainPPO(ctx, self.options)
         from unirl_backends.verl.trainer import VerlTrainer
 
         return VerlTrainer(ctx, self.options)
@@ -25,16 +31,9 @@ class VerlBackend:
     def _model_path(self, recipe: Any) -> str:
         """verl's config classes load the model's config and tokenizer: the recipe's model, or
         the tiny model a run would build (in ``run.dir/base_model``)."""
-        if recipe.model.path is not None:
-            return str(recipe.model.path)
-        path = Path(recipe.run.dir) / "base_model"
-        if not (path / "config.json").exists():
-            from omegaconf import OmegaConf
+        from unirl.models.tiny import ensure_base_model
 
-            from unirl.models.tiny import build_tiny_model
-
-            build_tiny_model(path, seed=recipe.seed, **OmegaConf.to_container(recipe.model.tiny))
-        return str(path)
+        return ensure_base_model(recipe)
 
     def translate(self, recipe: Any) -> dict[str, Any]:
         """``{stage name: verl config}``: ``main_ppo``'s composed Hydra config for rl stages."""

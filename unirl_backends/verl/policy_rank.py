@@ -124,18 +124,39 @@ class PolicyRank:
         if engine.lr_scheduler is not None:
             engine.lr_scheduler.base_lrs = [lr] * len(engine.optimizer.param_groups)
 
-    def full_state(self, which: str = "policy", optimizer: bool = True) -> tuple[dict, dict | None]:
-        """Unsharded model tensors (and optimizer state), identical on every rank."""
+    def full_state(self, which: str = "policy", optimizer: bool = True,
+                   rank0_only: bool = True) -> tuple[dict, dict | None]:
+        """Unsharded model tensors (and optimizer state) on CPU. With ``rank0_only`` (what the
+        driver asks for) they are gathered to rank 0 only (torch's ``full_state_dict`` with
+        ``cpu_offload``): the other ranks take part in the gather and return empty dicts, so
+        one copy crosses to the driver."""
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                              get_optimizer_state_dict)
 
         engine = getattr(self, which).engine
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=False)
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
         model = {k: v.detach().cpu().clone() for k, v in get_model_state_dict(engine.module, options=opts).items()}
         optim = None
         if optimizer:
             optim = _to_cpu(get_optimizer_state_dict(engine.module, engine.optimizer, options=opts))
         return model, optim
+
+    def policy_shards(self) -> dict[str, tuple[torch.Tensor, bool]]:
+        """This rank's own part of every policy tensor, without any collective: ``(tensor, True)``
+        for a tensor FSDP2 shards on dim 0 (the driver concatenates the ranks' parts), ``(tensor,
+        False)`` for one every rank holds whole. What the rollout's weight sync needs."""
+        from torch.distributed.tensor import DTensor, Shard
+
+        out = {}
+        for key, value in self.policy.engine.module.state_dict().items():
+            if isinstance(value, DTensor):
+                sharded = any(isinstance(p, Shard) for p in value.placements)
+                if sharded and value.placements != (Shard(0),):
+                    raise ValueError(f"{key}: placements {value.placements}; weight sync expects FSDP2's Shard(0)")
+                out[key] = (value.to_local().detach().cpu().clone(), sharded)
+            else:
+                out[key] = (value.detach().cpu().clone(), False)
+        return out
 
     def load_full_state(self, model: dict, optim: dict | None = None, which: str = "policy") -> None:
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
@@ -152,7 +173,7 @@ class PolicyRank:
     def snapshot_reference(self) -> None:
         """The reference is a frozen copy of the current policy: a second worker used only for
         forward passes (verl's forward-only engine pins CPU memory, which needs a GPU)."""
-        self.load_full_state(self.full_state("policy", optimizer=False)[0], which="reference")
+        self.load_full_state(self.full_state("policy", optimizer=False, rank0_only=False)[0], which="reference")
 
     # ------------------------------------------------------------------ batches
 

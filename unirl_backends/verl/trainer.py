@@ -131,8 +131,15 @@ class VerlTrainer:
     def _policy_weights(self) -> dict[str, torch.Tensor]:
         return self.ranks.call("full_state", which="policy", optimizer=False)[0][0]
 
+    def _assembled_policy(self) -> dict[str, torch.Tensor]:
+        """The full policy from every rank's own shards (no collective among the ranks): FSDP2's
+        dim-0 shards concatenated in rank order."""
+        parts = self.ranks.call("policy_shards")
+        return {key: torch.cat([p[key][0] for p in parts]) if sharded else tensor
+                for key, (tensor, sharded) in parts[0].items()}
+
     def sync_weights(self, rollout: RolloutEngine) -> dict[str, float]:
-        return self.weights.sync(rollout, self._policy_weights)
+        return self.weights.sync(rollout, self._assembled_policy)
 
     def state_dict(self) -> dict[str, Any]:
         model, optim = self.ranks.call("full_state", which="policy", optimizer=True)[0]
