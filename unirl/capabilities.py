@@ -84,9 +84,11 @@ class Deviation:
 class Capabilities:
     """A backend's declared abilities.
 
-    ``mode``: ``"engine"`` (unirl's driver runs the loop, the framework trains) or
-    ``"trainer"`` (the framework runs its own loop for each stage, from a translated
-    config; the trainer object then has ``run_stage``).
+    ``mode``: the mode of the trainer the backend builds by default, for listings:
+    ``"engine"`` (unirl's driver runs the loop, the framework trains: an
+    :class:`~unirl.protocols.EngineTrainer`) or ``"trainer"`` (the framework runs its own loop
+    for each stage: a :class:`~unirl.protocols.StageRunner`). A run follows the trainer it
+    gets, so a backend may offer both (verl, openrlhf: ``backend_options.mode``).
     ``knobs``: canonical knob -> {value: Support}; ``stages.type`` lists the stage types.
     ``fixed``: recipe keys the framework hard-codes (:class:`Fixed`).
     ``parallel``: the largest size of each ``parallel.*`` dimension it runs (None: any).

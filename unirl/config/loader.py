@@ -45,7 +45,7 @@ def load_recipe(path: str | os.PathLike[str] | None, overrides: Sequence[str] = 
         for section, kind in COMPONENT_SECTIONS.items():
             cfg[section] = _validate_component(cfg, section, kind, registry)
         cfg.backend_options = _validate_options(
-            OmegaConf.to_container(cfg.backend_options), backend_reg.config_class, "backend_options"
+            OmegaConf.to_container(cfg.backend_options), backend_reg.config_class, "backend_options", recipe=cfg
         )
     if cfg.algorithm.loss_agg == "seq_mean_token_sum_norm" and cfg.algorithm.loss_norm_length is None \
             and any(st.type == "rl" for st in cfg.stages) and cfg.rollout.get("max_new_tokens") is None:
@@ -286,11 +286,16 @@ def _validate_component(cfg: Any, section: str, kind: str, registry: Any) -> dic
         raise ConfigError(f"{section}.name is required: the name of a registered {kind} "
                           f"(installed: {', '.join(registry.names(kind)) or 'none'}).", key=f"{section}.name", value=name)
     reg = registry.get(kind, name, key=f"{section}.name")
-    options = _validate_options(data, reg.config_class, section)
+    options = _validate_options(data, reg.config_class, section, recipe=cfg)
     return {"name": name, **options}
 
 
-def _validate_options(data: dict[str, Any], config_class: type | None, section: str) -> dict[str, Any]:
+def _validate_options(data: dict[str, Any], config_class: type | None, section: str,
+                      recipe: Any = None) -> dict[str, Any]:
+    """``data`` merged into ``config_class`` (types and keys checked), then its ``validate(cfg)``
+    staticmethod, if any: a returned string is a ConfigError. A ``validate`` that takes a second
+    argument gets the recipe too (read it only: the other sections are validated, this one is not
+    yet in place), e.g. to refuse stage types an option cannot run."""
     if config_class is None:
         if data:
             raise ConfigError(f"{section} takes no options, got {', '.join(sorted(data))}.",
@@ -306,10 +311,17 @@ def _validate_options(data: dict[str, Any], config_class: type | None, section: 
     result = OmegaConf.to_container(schema)
     check = getattr(config_class, "validate", None)
     if check is not None:
-        problem = check(config_class(**{f.name: result[f.name] for f in dataclasses.fields(config_class)}))
+        options = config_class(**{f.name: result[f.name] for f in dataclasses.fields(config_class)})
+        problem = check(options, recipe) if _takes_recipe(check) else check(options)
         if problem:
             raise ConfigError(f"{section}: {problem}", key=section, value=data)
     return result
+
+
+def _takes_recipe(check: Any) -> bool:
+    import inspect
+
+    return len(inspect.signature(check).parameters) >= 2
 
 
 def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:

@@ -9,7 +9,8 @@ from unirl.protocols import BuildContext
 
 
 class OpenRLHFBackend:
-    """OpenRLHF's losses, KL and advantages on DeepSpeed engines (``mode == "engine"``)."""
+    """OpenRLHF's losses, KL and advantages on DeepSpeed engines (engine mode); or OpenRLHF's own
+    entry points run each rl / dpo stage (``backend_options.mode=trainer``)."""
 
     name = "openrlhf"
 
@@ -18,6 +19,13 @@ class OpenRLHFBackend:
         self.options = dict(recipe.backend_options) if recipe.backend_options else {}
 
     def build_trainer(self, ctx: BuildContext) -> Any:
+        """Engine mode: the engine trainer. ``backend_options.mode=trainer``: a stage runner that
+        runs each rl / dpo stage as OpenRLHF's own ``train_ppo_ray`` / ``train_dpo``
+        (:mod:`unirl_backends.openrlhf.framework`)."""
+        if self.options.get("mode") == "trainer":
+            from unirl_backends.openrlhf.framework import OpenRLHFEntryPoints
+
+            return OpenRLHFEntryPoints(ctx, self.options)
         from unirl_backends.openrlhf.trainer import OpenRLHFTrainer
 
         return OpenRLHFTrainer(ctx, self.options)

@@ -1,14 +1,20 @@
-"""Trainer mode (GPU): one ``rl`` or ``dpo`` stage of a recipe as a run of OpenRLHF's own entry point.
+"""Prepare one ``rl`` or ``dpo`` stage for OpenRLHF's own entry points (trainer mode), and the old command line.
+
+Trainer mode is ``unirl run RECIPE backend=openrlhf backend_options.mode=trainer``
+(:class:`unirl_backends.openrlhf.framework.OpenRLHFEntryPoints`). For each stage,
+:func:`prepare_stage` writes into ``run.dir/openrlhf/``: the stage's rows as JSON lines
+(``data/NAME.jsonl``: ``prompt`` and ``answer`` for rl; ``prompt``, ``chosen``, ``rejected`` for
+dpo), ``recipe.yaml`` (the recipe with its model pinned, read by the reward hook) and, for rl,
+``reward_func.py`` whose ``reward_func(queries, prompts, labels)`` (OpenRLHF's custom reward
+interface, ``--reward.remote_url FILE.py``) calls the recipe's unirl reward; it returns the
+command ``python -m openrlhf.cli.train_ppo_ray`` / ``deepspeed --module openrlhf.cli.train_dpo``
+with the arguments of :mod:`unirl_backends.openrlhf.translate` (parsed by OpenRLHF's own parser
+first), the GPU placement, TensorBoard logging and where the trained model goes.
 
     python -m unirl_backends.openrlhf.launch RECIPE [key=value ...] [--stage NAME] [--gpus N] [--dry-run]
 
-Writes into ``run.dir/openrlhf/``: the stage's rows as JSON lines (``data/NAME.jsonl``: ``prompt``
-and ``answer`` for rl; ``prompt``, ``chosen``, ``rejected`` for dpo), ``recipe.yaml`` and, for
-rl, ``reward_func.py`` whose ``reward_func(queries, prompts, labels)`` (OpenRLHF's custom
-reward interface, ``--reward.remote_url FILE.py``) calls the recipe's unirl reward; then runs
-``python -m openrlhf.cli.train_ppo_ray`` / ``train_dpo`` with the arguments of
-:mod:`unirl_backends.openrlhf.translate` (parsed by OpenRLHF's own parser first) plus the GPU
-placement. ``--dry-run`` stops before the run and prints the command.
+is the earlier, separate command for one stage (kept as a thin wrapper; prefer ``unirl run``,
+which also writes ``metrics.jsonl``, ``run.json`` and the exported model).
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ import json
 import shlex
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,46 +35,119 @@ from unirl.errors import ConfigError, UnirlError, UsageError
 
 def reward_func_from_recipe(recipe_path: str) -> Any:
     """OpenRLHF's ``reward_func(queries, prompts, labels)`` calling the recipe's unirl reward.
-    ``queries`` are prompt + response as OpenRLHF decodes them (special tokens kept)."""
-    from unirl.components import score_fn_from_recipe
+    ``queries`` are prompt + response as OpenRLHF decodes them (special tokens kept). The recipe,
+    the reward and the tokenizer are loaded once, on the first call (OpenRLHF calls it for every
+    sample, from several threads)."""
+    cache: dict[str, Any] = {}
+    lock = threading.Lock()
 
-    score = score_fn_from_recipe(recipe_path)
+    def parts() -> tuple[Any, str]:
+        with lock:
+            if not cache:
+                from unirl.components import build_component
+                from unirl.config import load_recipe
+                from unirl.models.loading import load_tokenizer
+                from unirl.rewards import adapt_reward_fn
+
+                recipe = load_recipe(recipe_path)
+                cache["fn"] = adapt_reward_fn(build_component(recipe, "reward", "reward"), data_source=recipe.task.name)
+                cache["eos"] = load_tokenizer(str(recipe.model.path)).eos_token or ""
+        return cache["fn"], cache["eos"]
 
     def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any], **_: Any) -> dict:
         import torch
 
-        from unirl.models.loading import load_tokenizer
-        from unirl.config import load_recipe
-
-        eos = load_tokenizer(str(load_recipe(recipe_path).model.path)).eos_token or ""
-        values = []
-        for query, prompt, label in zip(queries, prompts, labels, strict=True):
+        fn, eos = parts()
+        responses = []
+        for query, prompt in zip(queries, prompts, strict=True):
             response = query[len(prompt):] if query.startswith(prompt) else query
-            response = response.split(eos)[0] if eos else response
-            values.append(score("unirl", response, label, {"prompt": prompt}))
-        rewards = torch.tensor(values, dtype=torch.float32)
+            responses.append(response.split(eos)[0] if eos else response)
+        rewards = torch.tensor(fn(list(prompts), responses, answer=list(labels)), dtype=torch.float32)
         return {"rewards": rewards, "scores": rewards, "extra_logs": {}}
 
     return reward_func
 
 
-def _rows(recipe: Any, stage: Any) -> list[dict[str, Any]]:
+def _rows(recipe: Any, stage: Any, task: Any = None) -> list[dict[str, Any]]:
     from unirl.components import build_component
 
-    task = build_component(recipe, "task", "task")
+    task = task if task is not None else build_component(recipe, "task", "task")
     examples = task.sample(stage.steps * stage.batch_size)
     if stage.type == "dpo":
         return [{"prompt": ex.prompt, "chosen": ex.completion, "rejected": ex.rejected} for ex in examples]
     return [{"prompt": ex.prompt, "answer": ex.answer} for ex in examples]
 
 
-def prepare(recipe: Any, stage_name: str | None, gpus: int) -> tuple[list[str], Path]:
-    """Write the data, recipe and reward files; return the full command."""
+@dataclass
+class PreparedStage:
+    """One stage's command and the folders it writes."""
+
+    cmd: list[str]
+    model_dir: Path  # --ckpt.output_dir: the trained policy as a Hugging Face directory
+    tensorboard_dir: Path  # --logger.tensorboard_dir
+    checkpoints: Path  # --ckpt.path
+
+
+def prepare_stage(recipe: Any, stage: Any, *, model_path: str, out: Path, options: Any = None,
+                  task: Any = None) -> PreparedStage:
+    """Write ``stage``'s data, recipe and reward files into ``out``; return its command
+    (arguments parsed by OpenRLHF's own parser, before any GPU work)."""
     from omegaconf import OmegaConf
 
-    from unirl.models.tiny import build_tiny_model
     from unirl_backends.openrlhf.loader import parse_args
     from unirl_backends.openrlhf.translate import dpo_argv, ppo_argv
+
+    options = dict(options or {})
+    gpus = str(int(options.get("n_gpus_per_node", 1)))
+    zero = int(options.get("zero_stage", 0))
+    data = out / "data" / f"{stage.name}.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    rows = _rows(recipe, stage, task)
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pinned = OmegaConf.merge(recipe, {"model": {"path": model_path},
+                                      "backend_options": {"mode": "engine", "dry_run": False}})
+    (out / "recipe.yaml").write_text("# written by unirl for OpenRLHF's reward hook (reward_func.py); not a recipe "
+                                     "to run\n" + OmegaConf.to_yaml(pinned))
+    prepared = PreparedStage(cmd=[], model_dir=out / "models" / stage.name,
+                             tensorboard_dir=out / "tensorboard" / stage.name,
+                             checkpoints=out / "checkpoints" / stage.name)
+    outputs = ["--ckpt.output_dir", str(prepared.model_dir), "--ckpt.path", str(prepared.checkpoints),
+               "--logger.tensorboard_dir", str(prepared.tensorboard_dir), "--logger.logging_steps", "1"]
+    if stage.type == "rl":
+        cli = "train_ppo_ray"
+        argv = ppo_argv(recipe.algorithm, trainer=recipe.trainer, rollout=recipe.rollout, stage=stage,
+                        model_path=model_path, data_path=str(data), seed=recipe.seed, zero_stage=zero, options=options)
+        (out / "reward_func.py").write_text(
+            '"""OpenRLHF custom reward for this unirl recipe (written by unirl_backends.openrlhf.launch)."""\n'
+            "from unirl_backends.openrlhf.launch import reward_func_from_recipe\n\n"
+            f"reward_func = reward_func_from_recipe({str(out / 'recipe.yaml')!r})\n")
+        argv += ["--reward.remote_url", str(out / "reward_func.py"), "--actor.num_gpus_per_node", gpus,
+                 "--ref.num_gpus_per_node", gpus, "--vllm.num_engines", gpus, "--train.colocate_all", *outputs]
+    elif stage.type == "dpo":
+        cli = "train_dpo"
+        argv = dpo_argv(recipe, stage, model_path=model_path, data_path=str(data), zero_stage=zero,
+                        options=options) + outputs
+    else:
+        raise ConfigError(f"stage {stage.name!r} has type {stage.type!r}; OpenRLHF's entry points run rl "
+                          f"(train_ppo_ray) and dpo (train_dpo) stages.", key="stages", value=stage.type)
+    parse_args(cli, argv)
+    (out / "argv.json").write_text(json.dumps(argv, indent=1))
+    print(f"[openrlhf] {stage.name}: {len(rows)} rows -> {data}", flush=True)
+    prepared.cmd = [*entry_command(cli, gpus), *argv]
+    return prepared
+
+
+def entry_command(cli: str, gpus: str) -> list[str]:
+    """How OpenRLHF's entry point ``cli`` starts: ``train_ppo_ray`` is Ray's driver (it places its
+    actors itself), ``train_dpo`` runs under DeepSpeed's launcher, one process per GPU."""
+    if cli == "train_ppo_ray":
+        return [sys.executable, "-m", "openrlhf.cli.train_ppo_ray"]
+    return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", gpus, "--module", f"openrlhf.cli.{cli}"]
+
+
+def prepare(recipe: Any, stage_name: str | None, gpus: int) -> tuple[list[str], Path]:
+    """The old command line's step: one rl or dpo stage (``stage_name``, or the first) of ``recipe``."""
+    from unirl.models.tiny import ensure_base_model
 
     stages = [s for s in recipe.stages if s.type in ("rl", "dpo")]
     stage = next((s for s in stages if s.name == stage_name), None) if stage_name else (stages[0] if stages else None)
@@ -75,40 +156,9 @@ def prepare(recipe: Any, stage_name: str | None, gpus: int) -> tuple[list[str], 
         raise ConfigError(f"--stage={stage_name!r}: trainer mode runs one rl or dpo stage; this recipe's: {names}.",
                           key="stages", value=stage_name)
     out = Path(recipe.run.dir) / "openrlhf"
-    model = recipe.model.path
-    if model is None:
-        model = str(Path(recipe.run.dir) / "base_model")
-        if not (Path(model) / "config.json").exists():
-            build_tiny_model(model, seed=recipe.seed, **OmegaConf.to_container(recipe.model.tiny))
-    data = out / "data" / f"{stage.name}.jsonl"
-    data.parent.mkdir(parents=True, exist_ok=True)
-    rows = _rows(recipe, stage)
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (out / "recipe.yaml").write_text(OmegaConf.to_yaml(OmegaConf.merge(recipe, {"model": {"path": model}})))
-    options = dict(recipe.backend_options or {})
-    if stage.type == "rl":
-        cli = "train_ppo_ray"
-        argv = ppo_argv(recipe.algorithm, trainer=recipe.trainer, rollout=recipe.rollout, stage=stage,
-                        model_path=model, data_path=str(data), seed=recipe.seed,
-                        zero_stage=int(options.get("zero_stage", 0)), options=options)
-        (out / "reward_func.py").write_text(
-            '"""OpenRLHF custom reward for this unirl recipe (written by unirl_backends.openrlhf.launch)."""\n'
-            "from unirl_backends.openrlhf.launch import reward_func_from_recipe\n\n"
-            f"reward_func = reward_func_from_recipe({str(out / 'recipe.yaml')!r})\n")
-        argv += ["--reward.remote_url", str(out / "reward_func.py"), "--actor.num_gpus_per_node", str(gpus),
-                 "--ref.num_gpus_per_node", str(gpus), "--vllm.num_engines", str(gpus), "--train.colocate_all",
-                 "--ckpt.path", str(out / "checkpoints")]
-    else:
-        cli = "train_dpo"
-        argv = dpo_argv(recipe, stage, model_path=model, data_path=str(data),
-                        zero_stage=int(options.get("zero_stage", 0)), options=options) + [
-            "--ckpt.output_dir", str(out / "model")]
-    parse_args(cli, argv)  # OpenRLHF's own parser, before any GPU work
-    (out / "argv.json").write_text(json.dumps(argv, indent=1))
-    print(f"[openrlhf] {stage.name}: {len(rows)} rows -> {data}")
-    launcher = [sys.executable, "-m", f"openrlhf.cli.{cli}"] if cli == "train_ppo_ray" else \
-        ["deepspeed", "--num_gpus", str(gpus), "--module", f"openrlhf.cli.{cli}"]
-    return [*launcher, *argv], out
+    options = {**dict(recipe.backend_options or {}), "n_gpus_per_node": gpus}
+    prepared = prepare_stage(recipe, stage, model_path=ensure_base_model(recipe), out=out, options=options)
+    return prepared.cmd, out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -119,6 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=1, help="GPUs per node for the actor, reference and vLLM")
     parser.add_argument("--dry-run", action="store_true", help="write the files and print the command only")
     args = parser.parse_args(argv)
+    print("note: prefer `unirl run RECIPE backend=openrlhf backend_options.mode=trainer` (all rl / dpo stages, "
+          "metrics.jsonl, run.json, the exported model); this command runs one stage and is kept for older scripts.",
+          file=sys.stderr)
     try:
         from unirl.config import load_recipe
 

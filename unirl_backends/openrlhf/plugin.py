@@ -8,9 +8,11 @@ The capability table says, per canonical knob value, what OpenRLHF 0.11.2's own 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from unirl import hookimpl
 from unirl.capabilities import ON, Capabilities, Fixed, Support
+from unirl.subprocess_stage import missing_on_this_machine, refused_stages
 
 N = Support.NATIVE
 _RL = ("stages.type", "rl")
@@ -58,25 +60,52 @@ CAPABILITIES = Capabilities(
 
 @dataclass
 class OpenRLHFOptions:
-    """``backend_options`` for ``backend=openrlhf``."""
+    """``backend_options`` for ``backend=openrlhf``.
 
-    zero_stage: int = 0  # DeepSpeed ZeRO stage (0-2) of the training engine, as --ds.zero_stage
+    ``mode``: ``engine`` (default; unirl's loop on OpenRLHF's losses and a DeepSpeed engine, CPU
+    or GPU) or ``trainer`` (each rl stage is a run of OpenRLHF's ``train_ppo_ray``, each dpo stage
+    of ``train_dpo``, on GPUs; :mod:`unirl_backends.openrlhf.framework`). ``dry_run`` (trainer
+    mode): write the stage's files, print the command and stop, on any machine.
+    """
+
+    mode: str = "engine"  # engine | trainer
+    dry_run: bool = False  # trainer mode: prepare the first stage and print its command only
+    zero_stage: int = 0  # DeepSpeed ZeRO stage of the training engine, as --ds.zero_stage (0-2; 3 in trainer mode)
     param_dtype: str = ""  # trainer mode: --ds.param_dtype (bf16 | fp16); engine mode trains in model.dtype
+    n_gpus_per_node: int = 1  # trainer mode: GPUs for the actor, the reference and vLLM engines (colocated)
 
     @staticmethod
-    def validate(cfg: OpenRLHFOptions) -> str | None:
-        if cfg.zero_stage == 3:
+    def validate(cfg: OpenRLHFOptions, recipe: Any = None) -> str | None:
+        if cfg.mode not in ("engine", "trainer"):
+            return (f"mode={cfg.mode!r}; allowed: 'engine' (unirl's loop on OpenRLHF's losses), 'trainer' "
+                    f"(OpenRLHF's own train_ppo_ray / train_dpo, GPU).")
+        if cfg.zero_stage == 3 and cfg.mode == "engine":
             return ("zero_stage=3 partitions the parameters, which the in-process rollout and the frozen reference "
-                    "copy cannot read yet (measured: GRPO fails on DeepSpeed's partitioned Parameter); allowed: 0, 1, 2.")
-        if cfg.zero_stage not in (0, 1, 2):
-            return f"zero_stage={cfg.zero_stage}; allowed: 0, 1, 2."
+                    "copy cannot read yet (measured: GRPO fails on DeepSpeed's partitioned Parameter); allowed: 0, 1, "
+                    "2 (3 with mode=trainer, where OpenRLHF's own trainer runs).")
+        if cfg.zero_stage not in (0, 1, 2, 3):
+            return f"zero_stage={cfg.zero_stage}; allowed: 0, 1, 2 (and 3 with mode=trainer)."
         if cfg.param_dtype not in ("", "bf16", "fp16"):
             return f"param_dtype={cfg.param_dtype!r}; allowed: 'bf16', 'fp16' (or empty: model.dtype)."
-        return None
+        if cfg.n_gpus_per_node < 1:
+            return f"n_gpus_per_node={cfg.n_gpus_per_node} must be >= 1."
+        if cfg.mode != "trainer":
+            return None
+        problem = refused_stages(recipe, {"rl": "OpenRLHF's train_ppo_ray", "dpo": "OpenRLHF's train_dpo"},
+                                 "openrlhf")
+        if problem or cfg.dry_run:
+            return problem
+        types = {s.type for s in recipe.stages} if recipe is not None else {"rl"}
+        needs = ["openrlhf", "deepspeed", "flash_attn", *(["vllm", "ray"] if "rl" in types else [])]
+        return missing_on_this_machine("OpenRLHF's own trainers", needs,
+                                       fix="run it on a GPU machine with them installed (scripts/gpu/openrlhf.sh), "
+                                           "use mode=engine here, or add backend_options.dry_run=true to write the "
+                                           "files and print the command")
 
 
 @hookimpl
 def unirl_register_backends(register):
     register("openrlhf", "unirl_backends.openrlhf.backend:OpenRLHFBackend", capabilities=CAPABILITIES,
              config_class=OpenRLHFOptions,
-             description="OpenRLHF 0.11.2: its losses, KL and advantages on a DeepSpeed ZeRO engine (engine mode)")
+             description="OpenRLHF 0.11.2: its losses, KL and advantages on a DeepSpeed ZeRO engine (engine mode); "
+                         "train_ppo_ray / train_dpo (backend_options.mode=trainer, GPU)")

@@ -62,11 +62,13 @@ def ppo_argv(algo: Any, *, trainer: Any = None, rollout: Any = None, stage: Any 
     if algo.value_clip is not None:
         argv += ["--critic.value_clip", str(algo.value_clip)]
     if trainer is not None:
+        micro = trainer.micro_batch_size
+        if stage is not None:  # OpenRLHF accumulates train.batch_size // micro_batch_size micro-batches: never 0
+            micro = min(micro, stage.batch_size * algo.group_size // algo.mini_batches)
         argv += ["--actor.adam.betas", str(trainer.beta1), str(trainer.beta2), "--actor.adam.eps", str(trainer.eps),
                  "--actor.adam.weight_decay", str(trainer.weight_decay),
                  "--actor.max_norm", str(trainer.grad_clip if trainer.grad_clip is not None else NO_CLIP),
-                 "--train.micro_batch_size", str(trainer.micro_batch_size),
-                 "--rollout.micro_batch_size", str(trainer.micro_batch_size)]
+                 "--train.micro_batch_size", str(micro), "--rollout.micro_batch_size", str(micro)]
     if stage is not None:
         lr = stage.lr if stage.lr is not None else trainer.lr
         argv += ["--actor.adam.lr", str(lr), "--rollout.batch_size", str(stage.batch_size),
@@ -86,9 +88,10 @@ def dpo_argv(recipe: Any, stage: Any, *, model_path: str, data_path: str, zero_s
              options: Any = None) -> list[str]:
     a, t = recipe.algorithm, recipe.trainer
     lr = stage.lr if stage.lr is not None else t.lr
+    micro = min(stage.batch_size, max(1, t.micro_batch_size // 2))  # pairs: two sequences each; accumulation >= 1
     argv = ["--model.model_name_or_path", model_path, "--model.beta", str(a.beta),
             "--model.label_smoothing", str(float(a.label_smoothing)), "--train.batch_size", str(stage.batch_size),
-            "--train.micro_batch_size", str(max(1, t.micro_batch_size // 2)), "--train.max_epochs", "1",
+            "--train.micro_batch_size", str(micro), "--train.max_epochs", "1",
             "--train.seed", str(recipe.seed), "--adam.lr", str(lr), "--adam.betas", str(t.beta1), str(t.beta2),
             "--adam.eps", str(t.eps), "--adam.weight_decay", str(t.weight_decay),
             "--max_norm", str(t.grad_clip if t.grad_clip is not None else NO_CLIP), "--lr_scheduler", "constant",

@@ -1,19 +1,24 @@
-"""Trainer mode (GPU): one ``rl`` stage of a recipe as a run of verl's own ``main_ppo``.
+"""Prepare one ``rl`` stage for verl's own ``main_ppo`` (trainer mode), and the old command line.
+
+Trainer mode is ``unirl run RECIPE backend=verl backend_options.mode=trainer``
+(:class:`unirl_backends.verl.framework.VerlMainPPO`). For each stage, :func:`prepare_stage`
+writes into ``run.dir/verl/``: the stage's prompts as verl's parquet rows (``data/NAME.parquet``:
+``data_source``, ``prompt`` as chat messages, ``reward_model.ground_truth``, ``extra_info``),
+``recipe.yaml`` (the recipe with its model pinned, read by the reward hook) and ``reward.py``
+whose ``compute_score(data_source, solution_str, ground_truth, extra_info)`` calls the recipe's
+unirl reward; it returns the overrides of ``python -m verl.trainer.main_ppo``
+(:func:`unirl_backends.verl.translate.ppo_overrides`, composed and validated by verl first, as
+conformance L0 does).
+
+verl's agent loop applies the tokenizer's chat template to the prompt messages. A tokenizer
+without one gets the identity template (the prompt text as it is, what unirl's engine mode
+generates from) through verl's ``actor_rollout_ref.model.custom_chat_template``: nothing is
+ever written into a model directory.
 
     python -m unirl_backends.verl.launch RECIPE [key=value ...] [--stage NAME] [--dry-run]
 
-Writes into ``run.dir/verl/``: the stage's prompts as verl's parquet rows (``data/NAME.parquet``:
-``data_source``, ``prompt`` as chat messages, ``reward_model.ground_truth``, ``extra_info``),
-``recipe.yaml``, and ``reward.py`` whose ``compute_score(data_source, solution_str,
-ground_truth, extra_info)`` calls the recipe's unirl reward; then runs
-``python -m verl.trainer.main_ppo`` with :func:`unirl_backends.verl.translate.ppo_overrides`
-(composed and validated by verl first, as conformance L0 does). ``--dry-run`` stops before
-``main_ppo`` and prints the command, so the translation can be checked on any machine.
-
-verl's agent loop applies the tokenizer's chat template to the prompt messages; a model
-without one gets the identity template (the prompt text as it is, what unirl's engine mode
-generates from) written into its ``tokenizer_config.json`` when it is the run's own base model
-or ``--identity-chat-template`` is given.
+is the earlier, separate command for one stage (kept as a thin wrapper; prefer ``unirl run``,
+which also writes ``metrics.jsonl``, ``run.json`` and the exported model).
 """
 
 from __future__ import annotations
@@ -34,13 +39,14 @@ from unirl.errors import ConfigError, UnirlError, UsageError
 IDENTITY_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
-def write_task_rows(recipe: Any, stage: Any, path: Path) -> int:
-    """The stage's ``steps x batch_size`` prompts from the recipe's task, as verl's parquet rows."""
+def write_task_rows(recipe: Any, stage: Any, path: Path, task: Any = None) -> int:
+    """The stage's ``steps x batch_size`` prompts from the recipe's task (``task``, or one built
+    from the recipe), as verl's parquet rows."""
     import pandas as pd
 
     from unirl.components import build_component
 
-    task = build_component(recipe, "task", "task")
+    task = task if task is not None else build_component(recipe, "task", "task")
     rows = [{"data_source": recipe.task.name, "prompt": [{"role": "user", "content": ex.prompt}],
              "ability": "unirl", "reward_model": {"style": "rule", "ground_truth": ex.answer},
              "extra_info": {"index": i, "prompt": ex.prompt, **ex.meta}}
@@ -50,26 +56,64 @@ def write_task_rows(recipe: Any, stage: Any, path: Path) -> int:
     return len(rows)
 
 
-def _ensure_chat_template(model_path: str, own_model: bool) -> None:
+def _hydra_string(text: str) -> str:
+    """``text`` as a quoted Hydra override value (braces and quotes kept literally)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def chat_template_overrides(model_path: str) -> list[str]:
+    """``[custom_chat_template=identity]`` when the model's tokenizer has no chat template, else ``[]``."""
     from unirl.models.loading import load_tokenizer
 
-    tok = load_tokenizer(model_path)
-    if getattr(tok, "chat_template", None):
-        return
-    if not own_model:
-        raise ConfigError(f"model.path={model_path!r}: the tokenizer has no chat template, and verl's agent loop "
-                          f"applies one to every prompt. Add one to its tokenizer_config.json (the identity template "
-                          f"{IDENTITY_CHAT_TEMPLATE!r} keeps unirl's raw prompts).", key="model.path", value=model_path)
-    tok.chat_template = IDENTITY_CHAT_TEMPLATE
-    tok.save_pretrained(model_path)
+    if getattr(load_tokenizer(model_path), "chat_template", None):
+        return []
+    print(f"[verl] {model_path}: the tokenizer has no chat template; verl's agent loop gets the identity one "
+          f"(the prompt text as it is, as in engine mode) through actor_rollout_ref.model.custom_chat_template",
+          flush=True)
+    return [f"actor_rollout_ref.model.custom_chat_template={_hydra_string(IDENTITY_CHAT_TEMPLATE)}"]
 
 
-def prepare(recipe: Any, stage_name: str | None = None, *, identity_chat_template: bool = False) -> tuple[list[str], Path]:
-    """Write the data, recipe and reward files; return ``main_ppo``'s overrides and the verl dir."""
+def write_reward_files(recipe: Any, model_path: str, out: Path) -> Path:
+    """``recipe.yaml`` (model pinned; mode pinned to engine, as the copy only builds the reward)
+    and ``reward.py`` (verl's ``compute_score``) in ``out``."""
     from omegaconf import OmegaConf
 
-    from unirl_backends.verl.backend import VerlBackend
+    out.mkdir(parents=True, exist_ok=True)
+    pinned = OmegaConf.merge(recipe, {"model": {"path": model_path},
+                                      "backend_options": {"mode": "engine", "dry_run": False}})
+    (out / "recipe.yaml").write_text("# written by unirl for verl's reward hook (reward.py); not a recipe to run\n"
+                                     + OmegaConf.to_yaml(pinned))
+    (out / "reward.py").write_text(
+        '"""verl custom reward function for this unirl recipe (written by unirl_backends.verl.launch)."""\n'
+        "from unirl.components import score_fn_from_recipe\n\n"
+        f"compute_score = score_fn_from_recipe({str(out / 'recipe.yaml')!r})\n")
+    return out / "reward.py"
+
+
+def prepare_stage(recipe: Any, stage: Any, *, model_path: str, out: Path, options: Any = None,
+                  task: Any = None) -> list[str]:
+    """Write ``stage``'s data, recipe and reward files into ``out``; return ``main_ppo``'s
+    overrides (validated by verl's own config classes, before any GPU work)."""
     from unirl_backends.verl.translate import compose_ppo, ppo_overrides
+
+    data = out / "data" / f"{stage.name}.parquet"
+    n = write_task_rows(recipe, stage, data, task)
+    write_reward_files(recipe, model_path, out)
+    overrides = ppo_overrides(recipe, stage, model_path=model_path, run_dir=str(recipe.run.dir),
+                              options=options or {}) + chat_template_overrides(model_path)
+    compose_ppo(overrides)
+    (out / "overrides.json").write_text(json.dumps(overrides, indent=1))
+    print(f"[verl] {stage.name}: {n} prompts -> {data}; reward -> {out / 'reward.py'}", flush=True)
+    return overrides
+
+
+def main_ppo_command(overrides: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+
+
+def prepare(recipe: Any, stage_name: str | None = None, **_: Any) -> tuple[list[str], Path]:
+    """The old command line's step: one rl stage (``stage_name``, or the first) of ``recipe``."""
+    from unirl.models.tiny import ensure_base_model
 
     rl = [s for s in recipe.stages if s.type == "rl"]
     stage = next((s for s in rl if s.name == stage_name), None) if stage_name else (rl[0] if rl else None)
@@ -77,24 +121,9 @@ def prepare(recipe: Any, stage_name: str | None = None, *, identity_chat_templat
         names = ", ".join(repr(s.name) for s in rl) or "none"
         raise ConfigError(f"--stage={stage_name!r}: trainer mode runs one rl stage of the recipe; its rl stages: "
                           f"{names}.", key="stages", value=stage_name)
-    backend = VerlBackend(recipe)
-    model_path = backend._model_path(recipe)
-    _ensure_chat_template(model_path, own_model=recipe.model.path is None or identity_chat_template)
     out = Path(recipe.run.dir) / "verl"
-    out.mkdir(parents=True, exist_ok=True)
-    n = write_task_rows(recipe, stage, out / "data" / f"{stage.name}.parquet")
-    pinned = OmegaConf.merge(recipe, {"model": {"path": model_path}})
-    (out / "recipe.yaml").write_text(OmegaConf.to_yaml(pinned))
-    (out / "reward.py").write_text(
-        '"""verl custom reward function for this unirl recipe (written by unirl_backends.verl.launch)."""\n'
-        "from unirl.components import score_fn_from_recipe\n\n"
-        f"compute_score = score_fn_from_recipe({str(out / 'recipe.yaml')!r})\n")
-    overrides = ppo_overrides(recipe, stage, model_path=model_path, run_dir=str(recipe.run.dir),
-                              options=backend.options)
-    compose_ppo(overrides)  # verl's own validation, before any GPU work
-    (out / "overrides.json").write_text(json.dumps(overrides, indent=1))
-    print(f"[verl] {stage.name}: {n} prompts -> {out / 'data' / (stage.name + '.parquet')}; reward -> "
-          f"{out / 'reward.py'}")
+    overrides = prepare_stage(recipe, stage, model_path=ensure_base_model(recipe), out=out,
+                              options=dict(recipe.backend_options or {}))
     return overrides, out
 
 
@@ -105,8 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stage", default=None, help="the rl stage to run (default: the first)")
     parser.add_argument("--dry-run", action="store_true", help="write the files and print the command only")
     parser.add_argument("--identity-chat-template", action="store_true",
-                        help="give a model.path tokenizer without a chat template the identity one (raw prompts)")
+                        help="(the default now: a tokenizer without a chat template gets the identity one, in memory)")
     args = parser.parse_args(argv)
+    print("note: prefer `unirl run RECIPE backend=verl backend_options.mode=trainer` (all rl stages, metrics.jsonl, "
+          "run.json, the exported model); this command runs one stage and is kept for older scripts.",
+          file=sys.stderr)
     try:
         from unirl.config import load_recipe
 
@@ -118,11 +150,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError("trainer mode runs verl's main_ppo, whose rollout engines (vLLM, SGLang) need a CUDA "
                                  "device; on this machine use engine mode (`unirl run RECIPE backend=verl`) or "
                                  "--dry-run to check the translation.")
-        overrides, out = prepare(recipe, args.stage, identity_chat_template=args.identity_chat_template)
+        overrides, out = prepare(recipe, args.stage)
     except UnirlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+    cmd = main_ppo_command(overrides)
     print("[verl] " + shlex.join(cmd))
     if args.dry_run:
         return 0

@@ -9,9 +9,11 @@ value left out); values verl hard-codes are ``fixed``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from unirl import hookimpl
 from unirl.capabilities import ON, Capabilities, Fixed, Support
+from unirl.subprocess_stage import missing_on_this_machine, refused_stages
 
 N, E = Support.NATIVE, Support.EMULATED
 _RL = ("stages.type", "rl")
@@ -56,8 +58,16 @@ CAPABILITIES = Capabilities(
 
 @dataclass
 class VerlOptions:
-    """``backend_options`` for ``backend=verl`` (trainer-mode keys go to verl's ``main_ppo``)."""
+    """``backend_options`` for ``backend=verl``.
 
+    ``mode``: ``engine`` (default; unirl's loop on verl's FSDP2 worker and core_algos, CPU or GPU)
+    or ``trainer`` (each rl stage is a run of verl's own ``main_ppo``, on GPUs with vLLM or
+    SGLang; :mod:`unirl_backends.verl.framework`). ``dry_run`` (trainer mode): write the stage's
+    files, print the command and stop, on any machine. The other keys go to ``main_ppo``.
+    """
+
+    mode: str = "engine"  # engine | trainer
+    dry_run: bool = False  # trainer mode: prepare the first stage and print its command only
     rollout: str = "vllm"  # trainer mode: verl's rollout engine (vllm | sglang)
     strategy: str = "fsdp2"  # trainer mode: actor strategy (fsdp2 | megatron)
     n_gpus_per_node: int = 1
@@ -65,7 +75,10 @@ class VerlOptions:
     max_prompt_length: int = 64
 
     @staticmethod
-    def validate(cfg: VerlOptions) -> str | None:
+    def validate(cfg: VerlOptions, recipe: Any = None) -> str | None:
+        if cfg.mode not in ("engine", "trainer"):
+            return (f"mode={cfg.mode!r}; allowed: 'engine' (unirl's loop on verl's worker), 'trainer' (verl's own "
+                    f"main_ppo, GPU).")
         if cfg.rollout not in ("vllm", "sglang"):
             return f"rollout={cfg.rollout!r}; allowed: 'vllm', 'sglang'."
         if cfg.strategy not in ("fsdp2", "megatron"):
@@ -73,10 +86,19 @@ class VerlOptions:
         for key in ("n_gpus_per_node", "nnodes", "max_prompt_length"):
             if getattr(cfg, key) < 1:
                 return f"{key}={getattr(cfg, key)} must be >= 1."
-        return None
+        if cfg.mode != "trainer":
+            return None
+        problem = refused_stages(recipe, {"rl": "verl's main_ppo"}, "verl")
+        if problem or cfg.dry_run:
+            return problem
+        return missing_on_this_machine("verl's main_ppo", ["verl", "ray", cfg.rollout],
+                                       fix="run it on a GPU machine with them installed (scripts/gpu/verl.sh), use "
+                                           "mode=engine here, or add backend_options.dry_run=true to write the files "
+                                           "and print the command")
 
 
 @hookimpl
 def unirl_register_backends(register):
     register("verl", "unirl_backends.verl.backend:VerlBackend", capabilities=CAPABILITIES, config_class=VerlOptions,
-             description="verl 0.9.1: FSDP2 TrainingWorker and core_algos (engine mode, CPU and GPU)")
+             description="verl 0.9.1: FSDP2 TrainingWorker and core_algos (engine mode, CPU and GPU); "
+                         "main_ppo (backend_options.mode=trainer, GPU)")

@@ -82,8 +82,13 @@ def ppo_overrides(recipe: Any, stage: Any, *, model_path: str, run_dir: str, opt
         "trainer.total_training_steps": stage.steps,
         "trainer.n_gpus_per_node": options.get("n_gpus_per_node", recipe.parallel.dp),
         "trainer.nnodes": options.get("nnodes", 1),
-        "trainer.logger": ["console", "file"],
-        "trainer.val_before_train": False, "trainer.test_freq": -1, "trainer.save_freq": -1,
+        # trainer mode reads the console logger's "step:N - name:value - ..." lines (verl's file
+        # logger would write into the working directory); one checkpoint, at the last step, with the
+        # full Hugging Face model (hf_model) that unirl exports; never resume an older run's checkpoint
+        "trainer.logger": ["console"],
+        "trainer.val_before_train": False, "trainer.test_freq": -1, "trainer.save_freq": stage.steps,
+        "trainer.resume_mode": "disable",
+        f"{actor}.checkpoint.save_contents": ["model", "extra", "hf_model"],
         "trainer.project_name": "unirl", "trainer.experiment_name": stage.name,
         "trainer.default_local_dir": str(Path(run_dir) / "verl" / "checkpoints" / stage.name),
         "data.seed": recipe.seed,
