@@ -31,15 +31,17 @@ class RankEnvironment:
 
 
 def rank_environment(rank: int, world: int, port: int) -> RankEnvironment | None:
-    """Set the group's variables when any is missing (for this process's group when it is
-    already in one); the :class:`RankEnvironment` to restore, or None when nothing was set."""
+    """The variables for a group about to be created (always set: values left in the
+    environment by an earlier group must not point this one at a stale port), or, when this
+    process is already in a group, the missing ones for that group. The
+    :class:`RankEnvironment` to restore, or None when nothing was set."""
     import torch.distributed as dist
 
+    if not dist.is_initialized():
+        return RankEnvironment(rank, world, port)
     if all(k in os.environ for k in DIST_ENV if k != "LOCAL_WORLD_SIZE"):
         return None
-    if dist.is_initialized():
-        rank, world = dist.get_rank(), dist.get_world_size()
-    return RankEnvironment(rank, world, port)
+    return RankEnvironment(dist.get_rank(), dist.get_world_size(), port)
 
 
 def init_group(rank: int, world: int, port: int) -> RankEnvironment | None:

@@ -103,11 +103,13 @@ class Driver:
             from unirl.algorithms.reference import ReferenceMath
 
             math = backend.math() if hasattr(backend, "math") else ReferenceMath()
+        # a stage runner generates with its framework's own engine: no rollout copy, no buffer
         self._parts = Components(recipe=recipe, trainer=ctx.trainer, task=build_component(recipe, "task", "task", ctx),
                                  reward=adapt_reward_fn(build_component(recipe, "reward", "reward", ctx),
                                                         data_source=recipe.task.name),
-                                 rollout=build_component(recipe, "rollout", "rollout", ctx),
-                                 buffer=build_component(recipe, "buffer", "buffer", ctx), math=math)
+                                 rollout=None if self.trainer_mode else build_component(recipe, "rollout", "rollout", ctx),
+                                 buffer=None if self.trainer_mode else build_component(recipe, "buffer", "buffer", ctx),
+                                 math=math)
         return self._parts
 
     def _restore(self, parts: Any, path: Path) -> dict[str, Any]:
@@ -115,11 +117,13 @@ class Driver:
 
         ckpt = load_checkpoint(path)
         parts.trainer.load_state_dict(ckpt["trainer"])
-        parts.buffer.load_state_dict(ckpt["buffer"])
+        if parts.buffer is not None:
+            parts.buffer.load_state_dict(ckpt["buffer"])
         set_torch_rng_state(ckpt["rng"])
         state = ckpt["state"]
         parts.task.load_state_dict(state["task"])
-        parts.rollout.load_state_dict(state["rollout"])
+        if parts.rollout is not None:
+            parts.rollout.load_state_dict(state["rollout"])
         self.console.print(f"resuming from {path} (global step {state['global_step']})", highlight=False)
         return state
 
@@ -259,10 +263,11 @@ class Driver:
 
             def checkpoint() -> Path:
                 snapshot = {**state, "metrics_lines": writer.lines, "task": parts.task.state_dict(),
-                            "rollout": parts.rollout.state_dict()}
+                            "rollout": parts.rollout.state_dict() if parts.rollout is not None else {}}
                 return save_checkpoint(run_dir, global_step=state["global_step"],
                                        trainer_state=parts.trainer.state_dict(), state=snapshot,
-                                       buffer_state=parts.buffer.state_dict(), keep=recipe.checkpoint.keep)
+                                       buffer_state=parts.buffer.state_dict() if parts.buffer is not None else {},
+                                       keep=recipe.checkpoint.keep)
 
             status = self._stages(parts, state, writer, checkpoint)
             if status == "completed":

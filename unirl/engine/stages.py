@@ -29,8 +29,8 @@ class Components:
     trainer: EngineTrainer
     task: Task
     reward: RewardFn
-    rollout: RolloutEngine
-    buffer: ReplayBuffer
+    rollout: RolloutEngine | None  # None in trainer mode: the framework generates
+    buffer: ReplayBuffer | None
     #: the backend's math (``Backend.math()``): advantages and the KL placed in the reward are
     #: computed by the framework's own functions, the ones conformance L1 checks
     math: AlgorithmMath | None = None
