@@ -1,7 +1,8 @@
 """The models an in-process trainer holds, and their lifecycle: the policy, a frozen reference
-snapshot, scalar-head scorers (critic, reward model) started from the policy's backbone, and
-export as Hugging Face directories. The native and OpenRLHF trainers compose it; what steps
-each trained model (a torch optimizer, a DeepSpeed engine) is the trainer's ``make_stepper``.
+snapshot, scalar-head scorers (critic, reward model) started from the policy's backbone, the
+policy's version for weight sync, the micro-batches a batch passes through them in, and export
+as Hugging Face directories. The native and OpenRLHF trainers compose it; what steps each
+trained model (a torch optimizer, a DeepSpeed engine) is the trainer's ``make_stepper``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any
 
 import torch
 
-from unirl.models.loading import load_causal_lm, load_scorer, save_hf_model
 from unirl.config.derived import stage_needs
+from unirl.models.loading import load_causal_lm, load_scorer, save_hf_model
+from unirl.models.weights import WeightSync
 
 #: where each trained model is exported inside the run directory
 EXPORT_FOLDERS = (("policy", "model"), ("critic", "critic"), ("reward_model", "reward_model"))
@@ -30,10 +32,26 @@ class ModelSet:
         #: what steps each trained model: a torch optimizer (native) or a DeepSpeed engine (openrlhf)
         self.steppers: dict[str, Any] = {"policy": make_stepper(self.models["policy"], recipe.trainer.lr)}
         self.trained: set[str] = set()
+        self.weights = WeightSync()
 
     @property
     def policy(self) -> torch.nn.Module:
         return self.models["policy"]
+
+    def micro_batches(self, n: int) -> list[slice]:
+        """``trainer.micro_batch_size`` slices covering ``n`` rows (the last may be shorter)."""
+        size = self.recipe.trainer.micro_batch_size
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+    def stepped(self, name: str) -> None:
+        """Record an optimizer step of model ``name`` (exported as trained; a new policy version)."""
+        self.trained.add(name)
+        if name == "policy":
+            self.weights.updated()
+
+    def sync_weights(self, rollout: Any) -> dict[str, float]:
+        """The policy to ``rollout``, when it keeps a copy that is behind (:class:`WeightSync`)."""
+        return self.weights.sync(rollout, self.policy.state_dict)
 
     def snapshot_reference(self) -> None:
         """The frozen reference: a copy of the policy as it is now."""
@@ -73,6 +91,7 @@ class ModelSet:
             self.ensure_scorer("reward_model", False, self.recipe.trainer.lr)
         for name, sd in models.items():
             self.models[name].load_state_dict(sd)
+        self.weights.updated()  # a rollout with its own copy must take the restored policy
 
     def export(self, run_dir: str) -> dict[str, str]:
         """The policy to ``model/`` and any trained critic / reward model to ``critic/`` / ``reward_model/``."""

@@ -22,7 +22,6 @@ from unirl.config.derived import loss_norm_length
 from unirl.engine.update import run_mini_batches
 from unirl.models.lifecycle import ModelSet, grad_norm
 from unirl.models.loading import load_tokenizer
-from unirl.models.weights import WeightSync
 from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
 
 
@@ -34,7 +33,6 @@ class NativeTrainer:
         self.model_path = ctx.model_path
         self.tokenizer = ctx.tokenizer or load_tokenizer(ctx.model_path)
         self.models = ModelSet(self.recipe, ctx.model_path, self.tokenizer, self._adamw)
-        self.weights = WeightSync()
 
     def _adamw(self, model: torch.nn.Module, lr: float | None = None) -> torch.optim.Optimizer:
         t = self.recipe.trainer
@@ -54,16 +52,12 @@ class NativeTrainer:
         self.models.begin_stage(stage_type)
 
     def sync_weights(self, rollout: RolloutEngine) -> dict[str, float]:
-        return self.weights.sync(rollout, self.policy.state_dict)
+        return self.models.sync_weights(rollout)
 
     def close(self) -> None:
         pass
 
     # ------------------------------------------------------------------ helpers
-
-    def _micro_batches(self, n: int) -> list[slice]:
-        size = self.recipe.trainer.micro_batch_size
-        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
     def _finish_step(self, name: str, lr: float) -> float:
         optimizer, model = self.models.steppers[name], self.models.models[name]
@@ -76,9 +70,7 @@ class NativeTrainer:
             raise FloatingPointError(f"{name} gradient norm is {float(norm)}; the step was skipped, weights unchanged")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        self.models.trained.add(name)
-        if name == "policy":
-            self.weights.updated()
+        self.models.stepped(name)
         return float(norm)
 
     def _forward_logits(self, name: str, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -106,7 +98,7 @@ class NativeTrainer:
         mask = batch.loss_mask[:, 1:].float()
         n_tokens = float(mask.sum().clamp(min=1))
         total = 0.0
-        for sl in self._micro_batches(len(batch)):
+        for sl in self.models.micro_batches(len(batch)):
             logits = self._forward_logits("policy", batch.input_ids[sl], batch.attention_mask[sl])
             loss = sft_objective(nll=sft_token_loss(logits, batch.input_ids[sl]), mask=mask[sl], n_tokens=n_tokens)
             loss.backward()
@@ -119,7 +111,7 @@ class NativeTrainer:
         out = []
         mask = batch.loss_mask[:, 1:].float()
         with torch.set_grad_enabled(grad):
-            for sl in self._micro_batches(len(batch)):
+            for sl in self.models.micro_batches(len(batch)):
                 logits = self._forward_logits(name, batch.input_ids[sl], batch.attention_mask[sl])
                 out.append((token_logprobs(logits, batch.input_ids[sl]) * mask[sl]).sum(-1))
         return torch.cat(out)
@@ -140,7 +132,7 @@ class NativeTrainer:
 
     def _scores(self, batch: SFTBatch) -> torch.Tensor:
         out = [self.models.models["reward_model"](input_ids=batch.input_ids[sl], attention_mask=batch.attention_mask[sl])
-               .logits[:, 0] for sl in self._micro_batches(len(batch))]
+               .logits[:, 0] for sl in self.models.micro_batches(len(batch))]
         return torch.cat(out)
 
     def _rm_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
@@ -157,7 +149,7 @@ class NativeTrainer:
     @torch.no_grad()
     def _token_logprobs(self, name: str, batch: RolloutBatch) -> torch.Tensor:
         return torch.cat([token_logprobs(self._forward_logits(name, batch.input_ids[sl], batch.attention_mask[sl]),
-                                         batch.input_ids[sl]) for sl in self._micro_batches(len(batch))])
+                                         batch.input_ids[sl]) for sl in self.models.micro_batches(len(batch))])
 
     def _values(self, batch: RolloutBatch, sl: slice) -> torch.Tensor:
         # value of the state before target token t sits at position t - 1: [B, T-1]
@@ -166,7 +158,7 @@ class NativeTrainer:
 
     @torch.no_grad()
     def _all_values(self, batch: RolloutBatch) -> torch.Tensor:
-        return torch.cat([self._values(batch, sl) for sl in self._micro_batches(len(batch))])
+        return torch.cat([self._values(batch, sl) for sl in self.models.micro_batches(len(batch))])
 
     def _policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
         algo = self.recipe.algorithm
@@ -174,7 +166,7 @@ class NativeTrainer:
         normaliser = step_normaliser(mask, algo.loss_agg, norm_length=loss_norm_length(self.recipe))
         n_tokens = float(mask.sum().clamp(min=1))
         sums: dict[str, float] = {}
-        for sl in self._micro_batches(len(batch)):
+        for sl in self.models.micro_batches(len(batch)):
             ids = batch.input_ids[sl]
             logits = self._forward_logits("policy", ids, batch.attention_mask[sl])
             logp = token_logprobs(logits, ids)
@@ -198,7 +190,7 @@ class NativeTrainer:
         mask = batch.response_mask[:, 1:].float()
         n_tokens = float(mask.sum().clamp(min=1))
         sums: dict[str, float] = {}
-        for sl in self._micro_batches(len(batch)):
+        for sl in self.models.micro_batches(len(batch)):
             loss, stats = value_objective(values=self._values(batch, sl), old_values=batch.values[sl],
                                           returns=batch.returns[sl], mask=mask[sl], clip=algo.value_clip,
                                           n_tokens=n_tokens)
@@ -220,7 +212,6 @@ class NativeTrainer:
         for name, sd in state["optimizers"].items():
             self.models.steppers[name].load_state_dict(sd)
         self.models.trained = set(state["trained"])
-        self.weights.updated()  # a rollout with its own copy must take the restored policy
 
     def export(self, run_dir: str) -> dict[str, str]:
         """The policy to ``model/`` and any trained critic / reward model to ``critic/`` / ``reward_model/``."""

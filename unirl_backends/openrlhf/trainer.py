@@ -24,7 +24,6 @@ from unirl.engine.update import run_mini_batches
 from unirl.errors import ConfigError
 from unirl.models.lifecycle import ModelSet
 from unirl.models.loading import load_tokenizer
-from unirl.models.weights import WeightSync
 from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
 from unirl_backends.openrlhf.deepspeed_engine import Stepper, build_engine, init_distributed
 from unirl_backends.openrlhf.loader import load
@@ -42,7 +41,6 @@ class OpenRLHFTrainer:
         self.orl = load()
         self.tokenizer = ctx.tokenizer or load_tokenizer(ctx.model_path)
         self.models = ModelSet(self.recipe, ctx.model_path, self.tokenizer, self._deepspeed_engine)
-        self.weights = WeightSync()
         self.args = ppo_args(self.recipe.algorithm) if any(s.type == "rl" for s in self.recipe.stages) else None
 
     def _deepspeed_engine(self, model: torch.nn.Module, lr: float | None = None) -> Any:
@@ -51,15 +49,6 @@ class OpenRLHFTrainer:
 
     def _engine(self, name: str) -> Any:
         return self.models.steppers[name]
-
-    def _micro_batches(self, n: int) -> list[slice]:
-        size = self.recipe.trainer.micro_batch_size
-        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-    def _trained(self, name: str) -> None:
-        self.models.trained.add(name)
-        if name == "policy":
-            self.weights.updated()
 
     def _logits(self, name: str, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Float32 logits; trained models run through their DeepSpeed engine. Positions are
@@ -77,7 +66,7 @@ class OpenRLHFTrainer:
         return self.models.policy
 
     def sync_weights(self, rollout: RolloutEngine) -> dict[str, float]:
-        return self.weights.sync(rollout, self.models.policy.state_dict)
+        return self.models.sync_weights(rollout)
 
     def supervised_step(self, stage_type: str, batch: SFTBatch | PairBatch, lr: float) -> dict[str, float]:
         step = {"sft": self._lm_step, "cpt": self._lm_step, "dpo": self._dpo_step, "rm": self._rm_step}[stage_type]
@@ -100,7 +89,7 @@ class OpenRLHFTrainer:
 
     def _lm_step(self, batch: SFTBatch, lr: float) -> dict[str, float]:
         mask = batch.loss_mask[:, 1:].float()
-        slices = self._micro_batches(len(batch))
+        slices = self.models.micro_batches(len(batch))
         info = self.orl.loss_utils._optimizer_step_loss_norm([mask[sl] for sl in slices], None, 1, len(slices))
         step, loss_fn, total = Stepper(self._engine("policy"), len(slices), lr), self.orl.loss.SFTLoss(), 0.0
         for sl in slices:
@@ -109,7 +98,7 @@ class OpenRLHFTrainer:
             loss = loss_fn(logp, mask[sl], **info)
             step.backward(loss)
             total += float(loss.detach()) / len(slices)  # DeepSpeed's 1/gas: the step's token mean
-        self._trained("policy")
+        self.models.stepped("policy")
         return {"loss/lm": total, "grad/norm": step.finish(), "lr": lr, "tokens/trained": float(mask.sum())}
 
     # ------------------------------------------------------------------ preference losses
@@ -153,7 +142,7 @@ class OpenRLHFTrainer:
             sums["rewards/rejected"] += float(rejected.mean()) * w
             sums["rewards/margin"] += float((chosen - rejected).mean()) * w
             sums["rewards/accuracy"] += float((chosen > rejected).float().mean()) * w
-        self._trained("policy")
+        self.models.stepped("policy")
         sums.update({"grad/norm": step.finish(), "lr": lr, "tokens/trained": float(pairs.sequences.loss_mask.sum())})
         return sums
 
@@ -171,7 +160,7 @@ class OpenRLHFTrainer:
             step.backward(loss)
             sums["loss/rm"] += float(loss.detach()) / len(slices)
             sums["rm/accuracy"] += float((scores[:k] > scores[k:]).float().mean()) / len(slices)
-        self._trained("reward_model")
+        self.models.stepped("reward_model")
         sums.update({"grad/norm": step.finish(), "lr": lr})
         return sums
 
@@ -180,11 +169,11 @@ class OpenRLHFTrainer:
     @torch.no_grad()
     def _token_logprobs(self, name: str, batch: RolloutBatch) -> torch.Tensor:
         return torch.cat([self._token_logp(self._logits(name, batch.input_ids[sl], batch.attention_mask[sl]),
-                                           batch.input_ids[sl]) for sl in self._micro_batches(len(batch))])
+                                           batch.input_ids[sl]) for sl in self.models.micro_batches(len(batch))])
 
     def _policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
         mask = batch.response_mask[:, 1:].float()
-        slices = self._micro_batches(len(batch))
+        slices = self.models.micro_batches(len(batch))
         info = self.orl.loss_utils._optimizer_step_loss_norm([mask[sl] for sl in slices], None, 1, len(slices))
         step = Stepper(self._engine("policy"), len(slices), lr)
         sums: dict[str, float] = {}
@@ -212,7 +201,7 @@ class OpenRLHFTrainer:
         sums["openrlhf/ppo_kl"] /= n_tokens
         if "kl/mean" in sums:
             sums["loss/kl"] = sums["kl/mean"] * self.args.algo.kl.init_coef
-        self._trained("policy")
+        self.models.stepped("policy")
         sums.update({"grad/norm": step.finish(), "lr": lr, "tokens/trained": n_tokens})
         return sums
 
@@ -234,7 +223,6 @@ class OpenRLHFTrainer:
             else:
                 engine.optimizer.load_state_dict(sd)
         self.models.trained = set(state["trained"])
-        self.weights.updated()
 
     def export(self, run_dir: str) -> dict[str, str]:
         return self.models.export(run_dir)

@@ -128,9 +128,6 @@ class VerlTrainer:
     def policy_module(self) -> Any:
         return None  # the policy lives in verl's FSDP engine: rollouts keep a copy (sync_weights)
 
-    def _policy_weights(self) -> dict[str, torch.Tensor]:
-        return self.ranks.call("full_state", which="policy", optimizer=False)[0][0]
-
     def _assembled_policy(self) -> dict[str, torch.Tensor]:
         """The full policy from every rank's own shards (no collective among the ranks): FSDP2's
         dim-0 shards concatenated in rank order."""
@@ -159,7 +156,7 @@ class VerlTrainer:
     def export(self, run_dir: str) -> dict[str, str]:
         """The policy as a Hugging Face directory (``model/``, safetensors)."""
         model = load_causal_lm(self.model_path, self.recipe.model.dtype)
-        model.load_state_dict(self._policy_weights())
+        model.load_state_dict(self._assembled_policy())
         path = str(Path(run_dir) / "model")
         save_hf_model(model, self.tokenizer, path)
         return {"policy": path}
