@@ -4,7 +4,7 @@ engine-mode backend composes, registered through the entry point ``builtin`` lik
 from __future__ import annotations
 
 from unirl import hookimpl
-from unirl.buffers.options import MemoryBufferConfig
+from unirl.buffers.options import MemoryBufferConfig, PrioritizedBufferConfig
 from unirl.rewards import FunctionRewardConfig
 from unirl.rewards.arithmetic import ArithmeticRewardConfig
 from unirl.rollouts.options import HFGenerateConfig
@@ -39,3 +39,6 @@ def unirl_register_rollouts(register):
 def unirl_register_buffers(register):
     register("memory", "unirl.buffers.memory:MemoryBuffer", config_class=MemoryBufferConfig,
              description="in-memory FIFO of rollout batches, saved in checkpoints")
+    register("prioritized", "unirl.buffers.prioritized:PrioritizedBuffer", config_class=PrioritizedBufferConfig,
+             description="trains each step on the best fraction of what was generated, ranked by a recipe-chosen "
+                         "score (reward, reward_std, length)")

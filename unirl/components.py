@@ -30,6 +30,35 @@ def build_component(recipe: Any, section: str, kind: str, ctx: Any = None, host:
     return check_component(reg.load()(config, ctx), kind, f"plugin {reg.plugin!r} ({kind} {name!r})")
 
 
+def backend_options(recipe: Any, registration: Any) -> Any:
+    """``recipe.backend_options`` as an instance of the backend's registered ``config_class``
+    (validated when the recipe was loaded), or a plain dict when it registered none."""
+    from omegaconf import OmegaConf
+
+    options = OmegaConf.to_container(recipe.backend_options, resolve=True) if recipe.backend_options else {}
+    return registration.config_class(**options) if registration.config_class is not None else options
+
+
+def build_backend(recipe: Any, host: Any = None) -> Any:
+    """The backend object ``recipe.backend`` names: ``factory(recipe, options)`` with its typed
+    options (:func:`backend_options`), like every other component; a factory written for unirl
+    0.1 that takes only the recipe is called as ``factory(recipe)``."""
+    import inspect
+
+    from unirl.plugin_manager import get_plugin_host
+
+    registration = (host or get_plugin_host()).registry.get("backend", recipe.backend)
+    factory = registration.load()
+    try:
+        params = [p for p in inspect.signature(factory).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):  # a builtin or C callable: assume the current signature
+        params = [None, None]
+    if len(params) >= 2 or any(p is not None and p.kind is p.VAR_POSITIONAL for p in params):
+        return factory(recipe, backend_options(recipe, registration))
+    return factory(recipe)
+
+
 def score_fn_from_recipe(recipe_path: str) -> Callable[..., float]:
     """A verl-style ``compute_score(data_source, solution_str, ground_truth, extra_info)`` that
     calls the recipe's unirl reward (built on first call); ``extra_info["prompt"]`` is the prompt."""

@@ -17,6 +17,9 @@ from typing import Any
 
 REWARD_MEAN = "reward/mean"
 REWARD_STD = "reward/std"
+REWARD_TRAINED_MEAN = "reward/trained_mean"  # when the buffer selected: mean reward of what was trained on
+BUFFER_TRAINED = "buffer/trained"  # when the buffer selected: sequences trained on this step
+BUFFER_DROPPED = "buffer/dropped"  # when the buffer selected: sequences dropped this step
 LOSS_POLICY = "loss/policy"
 LOSS_TOTAL = "loss/total"
 LOSS_SFT = "loss/sft"

@@ -113,12 +113,22 @@ class RolloutEngine(Protocol):
 
 @runtime_checkable
 class ReplayBuffer(Protocol):
-    """Holds rollouts between generation and training (``buffer.name``)."""
+    """Holds rollouts between generation and training, and decides what is trained on (``buffer.name``).
+
+    Each rl step ``add``\ s the batch it generated (rewards set), then asks ``take()`` what to
+    train on: the buffer chooses which sequences and in what order, and removes them; anything it
+    neither returns nor keeps is dropped (the step records ``buffer/dropped``). The FIFO
+    ``memory`` buffer returns everything it holds, oldest first; ``prioritized`` the best
+    fraction by a score. The number returned must suit the update: a multiple of
+    ``algorithm.mini_batches`` x ``parallel.dp`` (check it in the options' ``validate``).
+    """
 
     def add(self, batch: RolloutBatch) -> None: ...
 
     def take(self, n_sequences: int | None = None) -> RolloutBatch:
-        """Remove and return the oldest ``n_sequences`` (all when None), in insertion order."""
+        """Remove and return what to train on next, in the order to train on it: the buffer's
+        choice when ``n_sequences`` is None, else exactly ``n_sequences`` sequences (FIFO
+        buffers: the oldest, in insertion order). Every field of a returned row is as added."""
 
     def __len__(self) -> int: ...
 

@@ -79,7 +79,7 @@ class Driver:
     def _build(self, run_dir: Path) -> Any:
         import torch
 
-        from unirl.components import build_component
+        from unirl.components import build_backend, build_component
         from unirl.contract import check_trainer, is_stage_runner
         from unirl.engine.stages import Components
         from unirl.models.loading import load_tokenizer
@@ -92,7 +92,7 @@ class Driver:
         ctx = BuildContext(recipe=recipe, run_dir=str(run_dir), model_path=model_path,
                            tokenizer=load_tokenizer(model_path))
         registration = registry.get("backend", recipe.backend)
-        backend = registration.load()(recipe)
+        backend = build_backend(recipe, self.host)
         owner = f"plugin {registration.plugin!r} (backend {recipe.backend!r})"
         self._trainer = ctx.trainer = check_trainer(backend.build_trainer(ctx), owner)
         self.trainer_mode = is_stage_runner(ctx.trainer)

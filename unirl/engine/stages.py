@@ -20,6 +20,7 @@ from unirl import metrics as M
 from unirl.config.derived import stage_needs
 from unirl.engine.collate import example_extras, pair_batch, sft_batch, text_batch
 from unirl.engine.update import plan_update
+from unirl.errors import RunError
 from unirl.protocols import AlgorithmMath, EngineTrainer, ReplayBuffer, RewardFn, RolloutEngine, ScoreRequest, Task
 
 
@@ -85,8 +86,14 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     rollout.rewards = torch.tensor(c.reward(rollout.prompts, rollout.completions, **rollout.extras),
                                    dtype=torch.float32)
     t2 = time.perf_counter()
+    held = len(c.buffer)
     c.buffer.add(rollout)
-    batch = c.buffer.take()
+    batch = c.buffer.take()  # the buffer chooses what is trained on, and in which order
+    if len(batch) % (algo.mini_batches * c.recipe.parallel.dp):
+        raise RunError(f"buffer {c.recipe.buffer.name!r} returned {len(batch)} sequences to train on, which "
+                       f"algorithm.mini_batches={algo.mini_batches} x parallel.dp={c.recipe.parallel.dp} does not "
+                       f"divide; change the buffer's options (e.g. its fraction) or stages.batch_size.")
+    dropped = held + len(rollout) - len(batch) - len(c.buffer)
     mask = batch.response_mask[:, 1:].float()
     request = score_request(c.recipe)
     scores = trainer.score(batch, request)
@@ -109,9 +116,12 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     resp_tokens = batch.response_mask.sum(-1).float()
     if kl is not None:
         row["kl/reward_mean"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
+    if len(batch) != len(rollout) or dropped:  # the buffer selected: the curve stays over what was generated
+        row.update({M.REWARD_TRAINED_MEAN: float(batch.rewards.mean()), M.BUFFER_TRAINED: float(len(batch)),
+                    M.BUFFER_DROPPED: float(dropped)})
     row.update({
-        M.REWARD_MEAN: float(batch.rewards.mean()),
-        M.REWARD_STD: float(batch.rewards.std()) if len(batch) > 1 else 0.0,
+        M.REWARD_MEAN: float(rollout.rewards.mean()),
+        M.REWARD_STD: float(rollout.rewards.std()) if len(rollout) > 1 else 0.0,
         "advantages/abs_mean": float((batch.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)),
         "response/length_mean": float(resp_tokens.mean()),
         M.TOKENS_GENERATED: float(resp_tokens.sum()),

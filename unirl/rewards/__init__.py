@@ -7,6 +7,9 @@ from a plugin or from a recipe (``reward: {name: function, function: "module:nam
   ``answer``) arrive as keyword lists, one value per completion;
 - verl style: ``compute_score(data_source, solution_str, ground_truth, extra_info) -> float``
   (or a dict with a ``"score"`` key), called once per completion.
+
+Rewards are finite floats; a reward may declare ``reward_range = (low, high)`` (an attribute),
+which the conformance kit and every run then check each score against.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def adapt_reward_fn(fn: Callable[..., Any], *, data_source: str = "unirl") -> Ca
         batch_fn = fn
 
     name = getattr(fn, "__qualname__", type(fn).__name__)
+    declared = getattr(fn, "reward_range", None)  # (low, high), declared by the reward; None: any finite float
 
     def checked(prompts: Sequence[str], completions: Sequence[str], **kwargs: Any) -> list[float]:
         values = list(batch_fn(prompts, completions, **kwargs))
@@ -57,6 +61,10 @@ def adapt_reward_fn(fn: Callable[..., Any], *, data_source: str = "unirl") -> Ca
         if bad:
             raise RunError(f"reward function {name} returned a non-finite reward ({bad[0]}); rewards must be "
                            f"finite floats.")
+        if declared is not None and not all(declared[0] <= v <= declared[1] for v in floats):
+            i = next(i for i, v in enumerate(floats) if not declared[0] <= v <= declared[1])
+            raise RunError(f"reward function {name} returned {floats[i]} for completion {completions[i]!r}, outside "
+                           f"the reward_range {declared} it declares.")
         return floats
 
     return checked

@@ -28,6 +28,8 @@ class ArithmeticReward:
     """Rule-based reward in [0, 1]: ``correct`` for the exact answer, ``well_formed`` for any
     other integer, 0 otherwise. TRL's signature: the references arrive as ``answer=[...]``."""
 
+    reward_range = (0.0, 1.0)  # declared: the kit and the run check every score against it
+
     def __init__(self, config: ArithmeticRewardConfig | None = None, ctx: Any = None) -> None:
         self.config = config or ArithmeticRewardConfig()
 

@@ -20,6 +20,10 @@ class KitContext:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="unirl-conformance-")))
     model_dir: Path | None = None
     cache: dict[str, Any] = field(default_factory=dict)  # per-context objects levels build once
+    #: recipe overrides added to every L3 run (a plugin's own task, reward or buffer, options)
+    overrides: list[str] = field(default_factory=list)
+    #: L3 "learns": (sft steps, rl steps) instead of the default (60, 100)
+    learn_steps: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.host is None:
@@ -71,4 +75,6 @@ class KitContext:
         return load_recipe(None, [*base, *overrides], host=self.host)
 
     def backend_object(self, recipe: Any) -> Any:
-        return self.registration.load()(recipe)
+        from unirl.components import build_backend
+
+        return build_backend(recipe, self.host)

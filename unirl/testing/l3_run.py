@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 from pathlib import Path
 from typing import Any
@@ -9,23 +10,35 @@ from typing import Any
 from unirl.testing.context import KitContext
 from unirl.testing.results import Case, CheckResult
 
-#: The learning run: SFT warm-start then GRPO on single-digit addition (about 20 s on 2 cores).
-LEARN = ["stages=[{name: sft, type: sft, steps: 60, batch_size: 32}, "
-         "{name: rl, type: rl, steps: 100, batch_size: 32, lr: 0.001}]",
-         "trainer.lr=0.003", "trainer.micro_batch_size=128", "algorithm.group_size=8", "algorithm.kl_loss_coef=0.01",
-         "rollout.max_new_tokens=4", "checkpoint.every=0"]
+#: The learning run: SFT warm-start then GRPO on single-digit addition (about 20 s on 2 cores);
+#: ``KitContext.learn_steps`` changes the step counts, ``KitContext.overrides`` adds recipe keys.
+LEARN_STEPS = (60, 100)
+
+
+def learn_recipe(sft_steps: int, rl_steps: int) -> list[str]:
+    return [f"stages=[{{name: sft, type: sft, steps: {sft_steps}, batch_size: 32}}, "
+            f"{{name: rl, type: rl, steps: {rl_steps}, batch_size: 32, lr: 0.001}}]",
+            "trainer.lr=0.003", "trainer.micro_batch_size=128", "algorithm.group_size=8",
+            "algorithm.kl_loss_coef=0.01", "rollout.max_new_tokens=4", "checkpoint.every=0"]
+
+
 #: Required gains, last 20% of a stage's steps against its first 20%.
 MIN_SFT_DROP, MIN_REWARD_GAIN = 0.5, 0.05
-RESUME = ["stages=[{name: sft, type: sft, steps: 3, batch_size: 4}, {name: rl, type: rl, steps: 4, batch_size: 2}]",
-          "algorithm.group_size=4", "trainer.micro_batch_size=4", "checkpoint.every=2", "rollout.max_new_tokens=3"]
+RESUME_STEPS = 4
 
+
+def resume_recipe(steps: int) -> list[str]:
+    """An sft + rl recipe of ``steps`` steps each, checkpointed every 2 steps."""
+    return [f"stages=[{{name: sft, type: sft, steps: {steps}, batch_size: 4}}, "
+            f"{{name: rl, type: rl, steps: {steps}, batch_size: 2}}]",
+            "algorithm.group_size=4", "trainer.micro_batch_size=4", "checkpoint.every=2", "rollout.max_new_tokens=3"]
 
 def _run(ctx: KitContext, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     from rich.console import Console
 
     from unirl.engine.driver import Driver
 
-    recipe = ctx.recipe([*overrides, f"run.dir={run_dir}"], with_model=True)
+    recipe = ctx.recipe([*overrides, *ctx.overrides, f"run.dir={run_dir}"], with_model=True)
     return Driver(recipe, ctx.host, Console(file=io.StringIO())).run()
 
 
@@ -38,13 +51,14 @@ def _means(rows: list[dict[str, Any]], stage: str, key: str) -> tuple[float, flo
 def check_learns(ctx: KitContext) -> CheckResult:
     from unirl.metrics import read_metrics
 
-    knobs = {"recipe": "sft 60 + grpo 100 steps"}
+    sft_steps, rl_steps = ctx.learn_steps or LEARN_STEPS
+    knobs = {"recipe": f"sft {sft_steps} + grpo {rl_steps} steps", **_extra(ctx)}
     if not (ctx.claims("stages.type", "sft") and ctx.claims("stages.type", "rl")
             and ctx.claims("algorithm.advantage", "grpo")):
         return CheckResult("learns", "L3", "skipped", knobs, reason="needs sft and rl stages with grpo advantages")
     try:
         run_dir = ctx.workdir / "l3-learn"
-        _run(ctx, run_dir, LEARN)
+        _run(ctx, run_dir, learn_recipe(sft_steps, rl_steps))
         rows = read_metrics(run_dir / "metrics.jsonl")
     except Exception as exc:  # noqa: BLE001
         return CheckResult("learns", "L3", "error", knobs, reason=f"{type(exc).__name__}: {exc}")
@@ -56,21 +70,32 @@ def check_learns(ctx: KitContext) -> CheckResult:
         f"(needs +{MIN_REWARD_GAIN})"))
 
 
-def check_resume(ctx: KitContext) -> CheckResult:
+def _extra(ctx: KitContext) -> dict[str, str]:
+    return {"overrides": " ".join(ctx.overrides)} if ctx.overrides else {}
+
+
+def check_resume(ctx: KitContext, *, overrides: list[str] | None = None, steps: int | None = None) -> CheckResult:
+    """Stopped part way and resumed, a run ends with the weights and metrics of an uninterrupted
+    one; ``overrides`` (e.g. a plugin's task, reward or buffer) are added to the recipe."""
     import torch
     from safetensors.torch import load_file
 
     from unirl.metrics import deterministic_view, read_metrics
 
-    knobs = {"stop_after": 5, "of_steps": 7}
+    recipe = [*resume_recipe(steps or RESUME_STEPS), *(overrides or [])]
+    knobs = {"of_steps": 2 * (steps or RESUME_STEPS), **_extra(ctx)}
     if not (ctx.claims("stages.type", "sft") and ctx.claims("stages.type", "rl")):
         return CheckResult("resume", "L3", "skipped", knobs, reason="needs sft and rl stages")
     try:
-        full, part = ctx.workdir / "l3-full", ctx.workdir / "l3-part"
-        _run(ctx, full, RESUME)
-        if _run(ctx, part, [*RESUME, "run.stop_after=5"])["status"] != "stopped":
-            return CheckResult("resume", "L3", "failed", knobs, reason="run.stop_after=5 did not stop the run")
-        _run(ctx, part, [*RESUME, "resume=auto"])
+        total = sum(st.steps for st in ctx.recipe([*recipe, *ctx.overrides]).stages)
+        stop = max(1, total - max(1, total // 4))  # stop in the last stage, past a checkpoint
+        knobs = {"stop_after": stop, "of_steps": total, **_extra(ctx)}
+        tag = hashlib.sha1("\n".join(recipe).encode()).hexdigest()[:8]  # one folder pair per recipe
+        full, part = ctx.workdir / f"l3-full-{tag}", ctx.workdir / f"l3-part-{tag}"
+        _run(ctx, full, recipe)
+        if _run(ctx, part, [*recipe, f"run.stop_after={stop}"])["status"] != "stopped":
+            return CheckResult("resume", "L3", "failed", knobs, reason=f"run.stop_after={stop} did not stop the run")
+        _run(ctx, part, [*recipe, "resume=auto"])
         a = load_file(str(full / "model" / "model.safetensors"))
         b = load_file(str(part / "model" / "model.safetensors"))
         same_rows = [deterministic_view(r) for r in read_metrics(full / "metrics.jsonl")] == \

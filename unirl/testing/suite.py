@@ -9,11 +9,14 @@
 
     class TestMyReward(RewardTests):
         reward = "my_reward"
-        examples = [("3+4=", "7", {"answer": "7"}, 1.0)]
+        options = {"scale": 1.0}
+        examples = [("3+4=", "7", {"answer": "7"}, 1.0), ("3+4=", "8", {"answer": "7"}, 0.0)]
+        option_changes = [({"scale": 2.0}, ("3+4=", "7", {"answer": "7"}, 2.0))]
 
 Every check is its own test; a value the backend declares unsupported is a skip with the
-reason, a claimed value that fails is a failure with the error size. Importing this module
-imports pytest.
+reason, a claimed value that fails is a failure with the error size. Each component suite
+ends with a short run of the component in a recipe, stopped and resumed (``run_steps`` steps
+per stage, ``run_overrides`` added to the recipe). Importing this module imports pytest.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from unirl.testing.components import make_component, check_buffer, check_reward, check_task
+from unirl.testing import components as C
+from unirl.testing.components import make_component
 from unirl.testing.context import KitContext
 from unirl.testing.runner import level_cases
 
@@ -41,14 +45,20 @@ def _params(level: str) -> Any:
 
 
 class TrainerBackendTests:
-    """L0-L3 for one backend (``backend`` or ``--unirl-backend``)."""
+    """L0-L3 for one backend (``backend`` or ``--unirl-backend``); ``l3_overrides`` are added to
+    the L3 runs' recipes (e.g. the plugin's own task), ``learn_steps`` sets the learning run's
+    (sft, rl) step counts (default 60, 100)."""
 
     backend: ClassVar[str | None] = None
+    l3_overrides: ClassVar[list[str]] = []
+    learn_steps: ClassVar[tuple[int, int] | None] = None
 
     @pytest.fixture(scope="class")
-    def unirl_kit(self, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> KitContext:
-        name = request.cls.backend or request.config.getoption("unirl_backend")
-        return KitContext(name, workdir=tmp_path_factory.mktemp(f"conformance-{name}"))
+    @classmethod
+    def unirl_kit(cls, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> KitContext:
+        name = cls.backend or request.config.getoption("unirl_backend")
+        return KitContext(name, workdir=tmp_path_factory.mktemp(f"conformance-{name}"),
+                          overrides=list(cls.l3_overrides), learn_steps=cls.learn_steps)
 
     @_params("L0")
     def test_l0_translate(self, unirl_kit: KitContext, case: Any) -> None:
@@ -68,59 +78,107 @@ class TrainerBackendTests:
         _run(case, unirl_kit)
 
 
-class RewardTests:
-    """A registered reward: ``reward`` (name), ``options`` and hand-checked ``examples``
-    ``(prompt, completion, task fields, expected reward)``."""
+class _RunsInARecipe:
+    """The last check of every component suite: a tiny sft + rl run with the component, stopped
+    part way and resumed, ends bit-identical to the uninterrupted run."""
 
-    reward: ClassVar[str] = ""
+    kind: ClassVar[str] = ""
     options: ClassVar[dict[str, Any]] = {}
-    examples: ClassVar[list[tuple[str, str, dict[str, Any], float]]] = []
+    run_steps: ClassVar[int] = 4  # steps per stage
+    run_overrides: ClassVar[list[str]] = []  # extra recipe keys, e.g. a task that supplies what a reward reads
+
+    def _name(self) -> str:
+        return getattr(self, self.kind)
+
+    @pytest.mark.slow
+    def test_runs_and_resumes_in_a_recipe(self, tmp_path: Any) -> None:
+        import json
+
+        kit = KitContext("native", workdir=tmp_path)
+        overrides = [f"{self.kind}.name={self._name()}",
+                     *(f"{self.kind}.{k}={json.dumps(v)}" for k, v in self.options.items()), *self.run_overrides]
+        result = C.check_runs_and_resumes(kit, overrides, self.run_steps)
+        if result.status != "passed":
+            pytest.fail(result.describe(), pytrace=False)
+
+
+class RewardTests(_RunsInARecipe):
+    """A registered reward, table-driven.
+
+    ``reward`` (name) and ``options``; ``examples``: rows ``(prompt, completion, task fields,
+    expected reward)`` checked exactly; ``option_changes``: ``({option: value}, row)`` pairs, each
+    an option change that must change that row's score to the row's expected value (a reward
+    that ignores its options fails). The reward's declared ``reward_range`` (an attribute of
+    the built reward, ``(low, high)``) bounds every score; undeclared, scores need only be finite.
+    """
+
+    kind = "reward"
+    reward: ClassVar[str] = ""
+    examples: ClassVar[list[C.RewardCase]] = []
+    option_changes: ClassVar[list[tuple[dict[str, Any], C.RewardCase]]] = []
+
+    def _make(self, options: dict[str, Any] | None = None) -> Any:
+        return make_component("reward", self.reward, self.options if options is None else options)
+
+    def test_reward_table(self) -> None:
+        C.check_reward_table(self._make(), self.examples)
 
     def test_reward_contract(self) -> None:
-        check_reward(make_component("reward", self.reward, self.options), self.examples)
+        C.check_reward_contract(self._make(), self.examples)
+
+    def test_reward_options_matter(self) -> None:
+        if not self.option_changes:
+            import dataclasses
+
+            from unirl.plugin_manager import get_plugin_host
+
+            reg = get_plugin_host().registry.get("reward", self.reward)
+            if reg.config_class is not None and dataclasses.fields(reg.config_class):
+                names = ", ".join(f.name for f in dataclasses.fields(reg.config_class))
+                pytest.fail(f"reward {self.reward!r} has options ({names}) but the suite declares no "
+                            f"`option_changes`: list ({{option: value}}, row) pairs, each a change that must change "
+                            f"that row's score, so a reward that ignores its options fails", pytrace=False)
+            return
+        C.check_reward_options(self._make, self.options, self.option_changes)
 
 
-class TaskTests:
+class TaskTests(_RunsInARecipe):
     """A registered task / dataset: ``task`` (name) and ``options``."""
 
+    kind = "task"
     task: ClassVar[str] = ""
-    options: ClassVar[dict[str, Any]] = {}
 
     def test_task_contract(self) -> None:
-        check_task(lambda: make_component("task", self.task, self.options))
+        C.check_task(lambda: make_component("task", self.task, self.options))
 
 
-class BufferTests:
-    """A registered replay buffer: ``buffer`` (name) and ``options``."""
+class BufferTests(_RunsInARecipe):
+    """A registered replay buffer: ``buffer`` (name), ``options`` and ``selects``, the order it
+    declares: ``"fifo"`` (everything held, oldest first; ``take(n)`` the oldest ``n``) or a
+    function ``(held RolloutBatch) -> row indices`` naming what ``take()`` returns, in order.
+    The kit's batches have varied rewards, lengths and task fields; every field of every
+    returned row must be as added, also after the state went through a checkpoint."""
 
+    kind = "buffer"
     buffer: ClassVar[str] = ""
-    options: ClassVar[dict[str, Any]] = {}
+    selects: ClassVar[Any] = "fifo"
 
-    def test_buffer_contract(self) -> None:
-        import torch
+    def _make(self) -> Any:
+        return make_component("buffer", self.buffer, self.options)
 
-        from unirl.batch import RolloutBatch
-        from unirl.protocols import BuildContext
+    def _order(self) -> Any:
+        return C.fifo_selection if self.selects == "fifo" else type(self).selects
 
-        class _Tok:
-            pad_token_id = 0
+    def test_buffer_selection(self) -> None:
+        C.check_buffer_selection(self._make, self._order())
 
-        def batch(n: int, first_group: int) -> RolloutBatch:
-            ids = torch.arange(n * 6).reshape(n, 6) + 10 * first_group
-            resp = torch.zeros(n, 6, dtype=torch.long)
-            resp[:, 3:] = 1
-            return RolloutBatch(input_ids=ids, attention_mask=torch.ones(n, 6, dtype=torch.long), response_mask=resp,
-                                group_index=torch.arange(first_group, first_group + n), prompt_len=3,
-                                prompts=["p"] * n, completions=["c"] * n, rewards=torch.zeros(n))
+    def test_buffer_fifo_counts(self) -> None:
+        if self.selects != "fifo":
+            pytest.skip("declared order is not fifo: take(n) is the buffer's own choice")
+        C.check_buffer_fifo_counts(self._make)
 
-        def make() -> Any:
-            from unirl.config import load_recipe
-
-            recipe = load_recipe(None, ["stages=[{name: s, type: sft, steps: 1}]"])
-            return make_component("buffer", self.buffer, self.options,
-                                   ctx=BuildContext(recipe=recipe, run_dir="", model_path="", tokenizer=_Tok()))
-
-        check_buffer(make, batch)
+    def test_buffer_state_round_trip(self) -> None:
+        C.check_buffer_state(self._make, self._order())
 
 
 class RolloutBackendTests:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import Any
 
 from unirl.protocols import BuildContext
+from unirl_backends.openrlhf.plugin import OpenRLHFOptions
 
 
 class OpenRLHFBackend:
@@ -14,15 +17,17 @@ class OpenRLHFBackend:
 
     name = "openrlhf"
 
-    def __init__(self, recipe: Any) -> None:
+    def __init__(self, recipe: Any, options: OpenRLHFOptions | None = None) -> None:
         self.recipe = recipe
-        self.options = dict(recipe.backend_options) if recipe.backend_options else {}
+        #: ``backend_options``, typed (:class:`OpenRLHFOptions`); the framework plumbing takes them as a dict
+        self.config = options if options is not None else OpenRLHFOptions(**(recipe.backend_options or {}))
+        self.options = dataclasses.asdict(self.config)
 
     def build_trainer(self, ctx: BuildContext) -> Any:
         """Engine mode: the engine trainer. ``backend_options.mode=trainer``: a stage runner that
         runs each rl / dpo stage as OpenRLHF's own ``train_ppo_ray`` / ``train_dpo``
         (:mod:`unirl_backends.openrlhf.framework`)."""
-        if self.options.get("mode") == "trainer":
+        if self.config.mode == "trainer":
             from unirl_backends.openrlhf.framework import OpenRLHFEntryPoints
 
             return OpenRLHFEntryPoints(ctx, self.options)

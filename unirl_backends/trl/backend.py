@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 from unirl.protocols import BuildContext
+from unirl_backends.trl.plugin import TRLOptions
 
 
 class TRLBackend:
@@ -12,9 +15,11 @@ class TRLBackend:
 
     name = "trl"
 
-    def __init__(self, recipe: Any) -> None:
+    def __init__(self, recipe: Any, options: TRLOptions | None = None) -> None:
         self.recipe = recipe
-        self.options = dict(recipe.backend_options) if recipe.backend_options else {}
+        #: ``backend_options``, typed (:class:`TRLOptions`); the framework plumbing takes them as a dict
+        self.config = options if options is not None else TRLOptions(**(recipe.backend_options or {}))
+        self.options = dataclasses.asdict(self.config)
 
     def build_trainer(self, ctx: BuildContext) -> Any:
         from unirl_backends.trl.trainer import TRLTrainer

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 from unirl.protocols import BuildContext
+from unirl_backends.verl.plugin import VerlOptions
 
 
 class VerlBackend:
@@ -13,14 +16,16 @@ class VerlBackend:
 
     name = "verl"
 
-    def __init__(self, recipe: Any) -> None:
+    def __init__(self, recipe: Any, options: VerlOptions | None = None) -> None:
         self.recipe = recipe
-        self.options = dict(recipe.backend_options) if recipe.backend_options else {}
+        #: ``backend_options``, typed (:class:`VerlOptions`); the framework plumbing takes them as a dict
+        self.config = options if options is not None else VerlOptions(**(recipe.backend_options or {}))
+        self.options = dataclasses.asdict(self.config)
 
     def build_trainer(self, ctx: BuildContext) -> Any:
         """Engine mode: the engine trainer. ``backend_options.mode=trainer``: a stage runner that
         runs each rl stage as verl's own ``main_ppo`` (:mod:`unirl_backends.verl.framework`)."""
-        if self.options.get("mode") == "trainer":
+        if self.config.mode == "trainer":
             from unirl_backends.verl.framework import VerlMainPPO
 
             return VerlMainPPO(ctx, self.options)

@@ -21,17 +21,22 @@ class TestDigitMatchReward(RewardTests):
         ("12>", "2100", {"answer": "21"}, 0.5),
         ("12>", "", {"answer": "21"}, 0.0),
     ]
+    option_changes = [({"length_penalty": False}, ("12>", "2100", {"answer": "21"}, 1.0))]
+    run_overrides = ["task.name=reverse_digits"]
 
 
 class TestDigitMatchWithoutLengthPenalty(RewardTests):
     reward = "digit_match"
     options = {"length_penalty": False}
     examples = [("12>", "2100", {"answer": "21"}, 1.0)]
+    option_changes = [({"length_penalty": True}, ("12>", "2100", {"answer": "21"}, 0.5))]
+    run_overrides = ["task.name=reverse_digits"]
 
 
 class TestReverseDigitsTask(TaskTests):
     task = "reverse_digits"
     options = {"min_len": 3, "max_len": 5}
+    run_overrides = ["reward.name=digit_match"]
 
 
 def _unirl(*args: str) -> subprocess.CompletedProcess[str]:

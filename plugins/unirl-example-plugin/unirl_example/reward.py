@@ -7,6 +7,8 @@ from typing import Any
 
 
 class DigitMatchReward:
+    reward_range = (0.0, 1.0)  # the fraction of matching digits
+
     def __init__(self, config: Any, ctx: Any = None) -> None:
         self.config = config
 
