@@ -86,20 +86,61 @@ def _parse_levels(spec: str) -> list[str]:
                      f"L0..L2.")
 
 
+def _key_values(items: Sequence[str], flag: str) -> dict[str, object]:
+    from omegaconf import OmegaConf
+
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag} {item!r} is not KEY=VALUE (e.g. {flag} fraction=0.5).")
+        out[key] = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))["v"]
+    return out
+
+
 def _cmd_conformance(args: argparse.Namespace) -> int:
     from unirl.plugin_manager import get_plugin_host
     from unirl.progress import make_console
     from unirl.testing.runner import print_table, run_conformance, summary, write_json
 
-    levels = _parse_levels(args.level)
     host = get_plugin_host()
-    host.registry.get("backend", args.backend)  # unknown backend: exit 2 listing the installed ones
     console = make_console()
-    results = run_conformance(args.backend, levels, host=host,
-                              progress=lambda msg: console.print(msg, highlight=False, markup=False))
-    print_table(results, args.backend, console)
+
+    def progress(msg: str) -> None:
+        console.print(msg, highlight=False, markup=False)
+
+    component = next(((k, getattr(args, k)) for k in ("reward", "task", "buffer") if getattr(args, k)), None)
+    if component is not None:
+        from unirl.testing.components import run_component_checks
+
+        if args.learn_steps or args.level != "L0..L3":
+            raise UsageError("--level and --learn-steps apply to --backend; a component's checks take --option, "
+                             "--set and --steps.")
+        kind, name = component
+        host.registry.get(kind, name, key=f"--{kind}")  # unknown: exit 2 listing the installed ones
+        subject = f"{kind} {name}"
+        results = run_component_checks(kind, name, _key_values(args.option, "--option"), host=host,
+                                       steps=args.steps, overrides=args.set, progress=progress)
+    else:
+        if args.option or args.steps != 4:
+            raise UsageError("--option and --steps apply to --reward, --task and --buffer; a backend's L3 runs take "
+                             "--set and --learn-steps.")
+        levels = _parse_levels(args.level)
+        host.registry.get("backend", args.backend)  # unknown backend: exit 2 listing the installed ones
+        subject = args.backend
+        learn = None
+        if args.learn_steps:
+            try:
+                sft, rl = (int(x) for x in args.learn_steps.split(","))
+            except ValueError:
+                raise UsageError(f"--learn-steps {args.learn_steps!r} is not SFT,RL (e.g. --learn-steps 30,50).") \
+                    from None
+            learn = (sft, rl)
+        results = run_conformance(args.backend, levels, host=host, progress=progress, overrides=args.set,
+                                  learn_steps=learn)
+    print_table(results, subject, console)
     if args.json:
-        write_json(results, args.backend, args.json)
+        write_json(results, subject, args.json)
         console.print(f"results written to {args.json}", highlight=False)
     s = summary(results)
     return 0 if s["failed"] + s["error"] == 0 else 1
@@ -125,10 +166,22 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = sub.add_parser("plugins", help="list installed plugins and what they register")
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     plugins.set_defaults(func=_cmd_plugins)
-    conf = sub.add_parser("conformance", help="check a backend against the reference semantics (L0-L3)",
-                          description="Run the conformance kit against an installed backend and print a table.")
-    conf.add_argument("--backend", default="native")
+    conf = sub.add_parser("conformance", help="check a backend (L0-L3) or a reward, task or buffer against the "
+                                             "contract",
+                          description="Run the conformance kit against an installed backend, reward, task or buffer "
+                                      "and print a table.")
+    what = conf.add_mutually_exclusive_group()
+    what.add_argument("--backend", default="native", help="a backend: levels L0-L3 (the default: native)")
+    what.add_argument("--reward", metavar="NAME", help="a reward: contract on the task's completions, then a run")
+    what.add_argument("--task", metavar="NAME", help="a task: seeded sampling and exact data position, then a run")
+    what.add_argument("--buffer", metavar="NAME", help="a buffer: rows kept intact through a checkpoint, then a run")
     conf.add_argument("--level", default="L0..L3", help="a level (L1) or a range (L0..L3, the default)")
+    conf.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                      help="an option of the reward, task or buffer (repeatable)")
+    conf.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="a recipe override for the runs (L3, or the component's run), e.g. --set task.name=mine")
+    conf.add_argument("--steps", type=int, default=4, help="steps per stage of a component's run (default 4)")
+    conf.add_argument("--learn-steps", metavar="SFT,RL", help="step counts of L3's learning run (default 60,100)")
     conf.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     conf.set_defaults(func=_cmd_conformance)
     tiny = sub.add_parser("tiny-model", help="write the tiny random-init Qwen2 model and tokenizer to OUT")

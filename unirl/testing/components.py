@@ -286,7 +286,8 @@ def check_runs_and_resumes(kit: Any, overrides: Sequence[str], steps: int) -> Ch
 
 
 def run_component_checks(kind: str, name: str, options: dict[str, Any] | None = None, *, host: Any = None,
-                         steps: int = 4, progress: Callable[[str], None] | None = None) -> list[CheckResult]:
+                         steps: int = 4, overrides: Sequence[str] = (),
+                         progress: Callable[[str], None] | None = None) -> list[CheckResult]:
     """The contract checks of a reward, task or buffer, without an author's table or declared
     order (``unirl conformance --reward|--task|--buffer NAME``): a reward is scored on the
     recipe's task's reference and wrong completions; a buffer must return only sequences that
@@ -325,8 +326,8 @@ def run_component_checks(kind: str, name: str, options: dict[str, Any] | None = 
     if progress:
         progress(f"{kind} {name}: a {steps}-step sft + rl run, stopped and resumed ...")
     kit = KitContext("native", host=host)
-    overrides = [f"{kind}.name={name}", *(f"{kind}.{k}={json.dumps(v)}" for k, v in options.items())]
-    result = check_runs_and_resumes(kit, overrides, steps)
+    recipe = [f"{kind}.name={name}", *(f"{kind}.{k}={json.dumps(v)}" for k, v in options.items()), *overrides]
+    result = check_runs_and_resumes(kit, recipe, steps)
     result.knobs = {kind: name}
     results.append(result)
     return results

@@ -13,6 +13,12 @@ from unirl.testing.knobs import shown
 from unirl.testing.results import CheckResult
 
 
+#: Why a reference backend's L0 / L1 cells are not passes.
+REFERENCE_REASON = ("reference: backend {backend!r} computes with unirl's reference functions and is configured by "
+                    "the recipe itself; this check would compare the reference with itself (L2 and L3 check its "
+                    "training)")
+
+
 @dataclass
 class KitContext:
     backend: str
@@ -56,6 +62,27 @@ class KitContext:
     def skip(self, check: str, level: str, key: str, value: Any) -> CheckResult:
         return CheckResult(check, level, "skipped", {key: shown(value)},
                            reason=f"backend {self.backend!r} declares {key}={shown(value)} unsupported")
+
+    @cached_property
+    def is_reference(self) -> bool:
+        """The backend computes with unirl's reference functions themselves (its ``math()`` is
+        :class:`~unirl.algorithms.reference.ReferenceMath`, not a subclass) and has no native
+        config of its own (no ``translate``): its L0 and L1 would compare the reference with
+        itself, so they are reported as the reference, not as passes. L2 and L3 still check it."""
+        from unirl.algorithms.reference import ReferenceMath
+        from unirl.config import load_recipe
+
+        from unirl.config.choices import STAGE_TYPES
+
+        stage = next((t for t in STAGE_TYPES if self.claims("stages.type", t)), "sft")
+        backend = self.backend_object(load_recipe(None, [f"backend={self.backend}",
+                                                         f"stages=[{{name: s, type: {stage}, steps: 1}}]"],
+                                                  host=self.host))
+        math = backend.math() if hasattr(backend, "math") else None
+        return type(math) is ReferenceMath and not hasattr(backend, "translate")
+
+    def reference_skip(self, check: str, level: str, knobs: dict[str, Any]) -> CheckResult:
+        return CheckResult(check, level, "skipped", knobs, reason=REFERENCE_REASON.format(backend=self.backend))
 
     @cached_property
     def tiny_model(self) -> Path:

@@ -15,6 +15,8 @@ def check_translate(ctx: KitContext, key: str, value: object) -> CheckResult:
     name, knobs = "translate", {key: shown(value)}
     if not ctx.claims(key, value):
         return ctx.skip(name, "L0", key, value)
+    if ctx.is_reference:
+        return ctx.reference_skip(name, "L0", knobs)
     try:
         recipe = ctx.recipe(overrides_for(key, value))
     except CapabilityError as exc:  # the recipe this knob needs uses another value the backend lacks
@@ -29,10 +31,16 @@ def check_translate(ctx: KitContext, key: str, value: object) -> CheckResult:
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         return CheckResult(name, "L0", "error", knobs, reason=f"{type(exc).__name__}: {exc}")
     expected = {(k, v) for k, v, _ in recipe_knobs(recipe)}
-    missing = sorted(f"{k}={shown(v)}" for k, v in expected - set(got))
-    if missing:
-        return CheckResult(name, "L0", "failed", knobs, reason=f"did not read back: {', '.join(missing)}")
-    return CheckResult(name, "L0", "passed", knobs, reason=f"{len(expected)} knobs read back")
+    got_set = set(got)
+    missing = sorted(f"{k}={shown(v)}" for k, v in expected - got_set)
+    # both ways: a knob the recipe does not set (or a second value of one it does) means the
+    # framework was configured to do something the recipe did not ask for
+    extra = sorted(f"{k}={shown(v)}" for k, v in got_set - expected)
+    if missing or extra:
+        parts = ([f"did not read back: {', '.join(missing)}"] if missing else []) + \
+            ([f"read back knobs the recipe does not set: {', '.join(extra)}"] if extra else [])
+        return CheckResult(name, "L0", "failed", knobs, reason="; ".join(parts))
+    return CheckResult(name, "L0", "passed", knobs, reason=f"{len(expected)} knobs read back, none more")
 
 
 def cases() -> list[Case]:

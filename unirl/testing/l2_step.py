@@ -10,6 +10,7 @@ Compared: the loss, the pre-clip gradient norm, and the parameter update relativ
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -64,13 +65,49 @@ def _oracle_update(model: Any, recipe: Any, loss_fn: Any) -> tuple[float, float,
     t = recipe.trainer
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip if t.grad_clip is not None else float("inf"))
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, betas=(t.beta1, t.beta2),
+                            eps=t.eps, weight_decay=t.weight_decay)
     opt.step()
     return float(loss.detach()), float(norm), {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def fixed_step(trainer: Any, stage_type: str, batch: Any, lr: float) -> dict[str, float]:
-    """One optimizer step of ``trainer`` on ``batch``, through the contract it implements."""
+@dataclass(frozen=True)
+class Trained:
+    """One model an L2 step trains, and how the oracle trains its twin: ``loss(oracles, batch,
+    recipe)`` on the full batch; the backend's row reports ``loss_key`` and ``norm_key``."""
+
+    model: str  # policy | reward_model | critic (the trainer's model name and export key)
+    loss_key: str
+    norm_key: str
+    loss: Any
+
+
+def _oracles(ctx: KitContext, recipe: Any, trainer: Any, needs: tuple[str, ...]) -> dict[str, Any]:
+    """The oracle's models: the tiny policy, its frozen copy, and each scalar-head model ``needs``
+    starting from the trainer's own initial weights (its ``state_dict()["models"]`` after
+    ``begin_stage``): a head's initialisation is the backend's choice, its update is not."""
+    import copy
+
+    from unirl.models.loading import load_causal_lm, load_scorer
+
+    policy = load_causal_lm(str(ctx.tiny_model), recipe.model.dtype)
+    out = {"policy": policy, "reference": copy.deepcopy(policy).eval()}
+    initial = trainer.state_dict()["models"] if needs else {}
+    for name in needs:
+        if name not in initial:
+            raise AssertionError(f"after begin_stage the trainer's state_dict()['models'] has no {name!r} "
+                                 f"(it has {sorted(initial)})")
+        scorer = load_scorer(str(ctx.tiny_model), recipe.model.dtype, per_token=name == "critic",
+                             pad_token_id=trainer.tokenizer.pad_token_id)
+        scorer.load_state_dict({k: v.detach().clone() for k, v in initial[name].items()})
+        scorer.train()
+        out[name] = scorer
+    return out
+
+
+def fixed_step(trainer: Any, stage_type: str, batch: Any, lr: float, *, critic: bool = False) -> dict[str, float]:
+    """One optimizer step of ``trainer`` on ``batch`` (and of its critic, with ``critic``),
+    through the contract it implements."""
     import torch
 
     from unirl.protocols import UpdatePlan
@@ -78,61 +115,69 @@ def fixed_step(trainer: Any, stage_type: str, batch: Any, lr: float) -> dict[str
     if hasattr(trainer, "fixed_step"):
         return trainer.fixed_step(stage_type, batch, lr)
     if stage_type == "rl":
-        return trainer.update(batch, UpdatePlan(lr=lr, orders=(torch.arange(len(batch)),)))
+        return trainer.update(batch, UpdatePlan(lr=lr, orders=(torch.arange(len(batch)),), critic=critic,
+                                                critic_lr=lr if critic else None))
     return trainer.supervised_step(stage_type, batch, lr)
 
 
 def _step_check(ctx: KitContext, name: str, knobs: dict[str, Any], overrides: list[str], stage: str,
-                make_batch: Any, loss_key: str, oracle_loss: Any) -> CheckResult:
+                make_batch: Any, trained: list[Trained]) -> CheckResult:
     import copy
 
     from safetensors.torch import load_file
 
-    from unirl.models.loading import load_causal_lm, load_tokenizer
+    from unirl.contract import check_trainer
+    from unirl.models.loading import load_tokenizer
     from unirl.protocols import BuildContext
 
+    scorers = tuple(t.model for t in trained if t.model != "policy")
     try:
         recipe = ctx.recipe([*overrides, "trainer.micro_batch_size=2", "trainer.eps=1e-4"], with_model=True)
         tok = load_tokenizer(str(ctx.tiny_model))
-        oracle = load_causal_lm(str(ctx.tiny_model), recipe.model.dtype)
-        reference = copy.deepcopy(oracle).eval()
-        batch = make_batch(tok, oracle, recipe)
         run_dir = ctx.workdir / f"l2-{name}-{'-'.join(str(v) for v in knobs.values())}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        from unirl.contract import check_trainer
-
         trainer = check_trainer(ctx.backend_object(recipe).build_trainer(BuildContext(
             recipe=recipe, run_dir=str(run_dir), model_path=str(ctx.tiny_model), tokenizer=tok)), f"backend {ctx.backend!r}")
         try:
             trainer.begin_stage(stage)
-            row = fixed_step(trainer, stage, copy.deepcopy(batch), LR)
-            exported = trainer.export(str(run_dir))["policy"]
+            oracles = _oracles(ctx, recipe, trainer, scorers)
+            batch = make_batch(tok, oracles, recipe)
+            row = fixed_step(trainer, stage, copy.deepcopy(batch), LR, critic="critic" in scorers)
+            exported = trainer.export(str(run_dir))
         finally:
             trainer.close()
-        got = load_file(f"{exported}/model.safetensors")
-        loss, norm, expected = _oracle_update(oracle, recipe, lambda m: oracle_loss(m, reference, batch, recipe))
+        results: list[CheckResult] = []
+        tol = TOLERANCES[f"L2.{recipe.model.dtype}"]
+        for t in trained:
+            if t.model not in exported:
+                raise AssertionError(f"export() wrote no {t.model!r} after training it (wrote {sorted(exported)})")
+            got = load_file(f"{exported[t.model]}/model.safetensors")
+            loss, norm, expected = _oracle_update(oracles[t.model], recipe,
+                                                  lambda m, t=t: t.loss(oracles, batch, recipe))
+            keys = sorted(set(got) & set(expected))
+            update_err = max(float((got[k].double() - expected[k].double()).abs().max()) for k in keys) / LR \
+                if keys else float("inf")
+            what = "" if t.model == "policy" else f"{t.model} "
+            results += [
+                compare(f"{what}loss", "L2", knobs, row[t.loss_key], loss, rel_tol=tol["loss_rel"],
+                        tolerance=f"rel <= {tol['loss_rel']}"),
+                compare(f"{what}grad_norm", "L2", knobs, row[t.norm_key], norm, rel_tol=tol["grad_norm_rel"],
+                        tolerance=f"rel <= {tol['grad_norm_rel']}"),
+                CheckResult(f"{what}update", "L2", "passed" if update_err <= tol["update_over_lr"] else "failed",
+                            knobs, update_err * LR, update_err, f"|d_backend - d_ref| / lr <= {tol['update_over_lr']}"),
+            ]
     except Exception as exc:  # noqa: BLE001
         return CheckResult(name, "L2", "error", knobs, reason=f"{type(exc).__name__}: {exc}")
-    tol = TOLERANCES[f"L2.{recipe.model.dtype}"]
-    keys = sorted(set(got) & set(expected))
-    update_err = max(float((got[k].double() - expected[k].double()).abs().max()) for k in keys) / LR
-    results = [
-        compare("loss", "L2", knobs, row[loss_key], loss, rel_tol=tol["loss_rel"], tolerance=f"rel <= {tol['loss_rel']}"),
-        compare("grad_norm", "L2", knobs, row["grad/norm"], norm, rel_tol=tol["grad_norm_rel"],
-                tolerance=f"rel <= {tol['grad_norm_rel']}"),
-        CheckResult("update", "L2", "passed" if update_err <= tol["update_over_lr"] and keys else "failed", knobs,
-                    update_err * LR, update_err, f"|d_backend - d_ref| / lr <= {tol['update_over_lr']}"),
-    ]
     return _worst(results, name, knobs)
 
 
-def _policy_loss(model: Any, reference: Any, batch: Any, recipe: Any) -> Any:
+def _policy_loss(models: dict[str, Any], batch: Any, recipe: Any) -> Any:
     from unirl.algorithms.aggregation import step_normaliser
     from unirl.algorithms.objectives import policy_objective
     from unirl.algorithms.policy_loss import token_entropy, token_logprobs
     from unirl.config.derived import loss_norm_length
 
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logits = models["policy"](input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     mask = batch.response_mask[:, 1:].float()
     algo = recipe.algorithm
     entropy = token_entropy(logits) if algo.entropy_coef else token_entropy(logits).detach()  # the bonus has a gradient
@@ -151,16 +196,16 @@ def _examples() -> list[Any]:
             for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 1), (2, 5)]]
 
 
-def _sft_loss(model: Any, reference: Any, batch: Any, recipe: Any) -> Any:
+def _sft_loss(models: dict[str, Any], batch: Any, recipe: Any) -> Any:
     from unirl.algorithms.objectives import sft_objective
     from unirl.algorithms.policy_loss import sft_token_loss
 
     mask = batch.loss_mask[:, 1:].float()
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logits = models["policy"](input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     return sft_objective(nll=sft_token_loss(logits, batch.input_ids), mask=mask, n_tokens=float(mask.sum()))
 
 
-def _dpo_loss(model: Any, reference: Any, pairs: Any, recipe: Any) -> Any:
+def _dpo_loss(models: dict[str, Any], pairs: Any, recipe: Any) -> Any:
     import torch
 
     from unirl.algorithms.objectives import dpo_objective
@@ -174,8 +219,8 @@ def _dpo_loss(model: Any, reference: Any, pairs: Any, recipe: Any) -> Any:
                                seqs.input_ids) * mask).sum(-1)
 
     with torch.no_grad():
-        ref = sums(reference)
-    pi, n = sums(model), len(pairs)
+        ref = sums(models["reference"])
+    pi, n = sums(models["policy"]), len(pairs)
     return dpo_objective(pi_c=pi[:n], pi_r=pi[n:], ref_c=ref[:n], ref_r=ref[n:], algo=recipe.algorithm,
                          n_pairs=float(n))[0]
 
@@ -204,7 +249,16 @@ def _rl_case(ctx: KitContext, mode: str) -> CheckResult:
         accepted.append(option)
     knobs = {"algorithm.loss_agg": mode, **dict(o.split("=") for o in accepted)}
     return _step_check(ctx, "rl_step", knobs, [*base, *accepted], "rl",
-                       lambda tok, m, r: _rl_batch(tok, m, r.algorithm), "loss/total", _policy_loss)
+                       lambda tok, m, r: _rl_batch(tok, m["policy"], r.algorithm),
+                       [Trained("policy", "loss/total", "grad/norm", _policy_loss)])
+
+
+def _rm_loss(models: dict[str, Any], pairs: Any, recipe: Any) -> Any:
+    from unirl.algorithms.objectives import reward_model_objective
+
+    seqs, n = pairs.sequences, len(pairs)
+    scores = models["reward_model"](input_ids=seqs.input_ids, attention_mask=seqs.attention_mask).logits[:, 0]
+    return reward_model_objective(r_c=scores[:n], r_r=scores[n:], n_pairs=float(n))[0]
 
 
 def _stage_case(ctx: KitContext, stage: str) -> CheckResult:
@@ -212,15 +266,72 @@ def _stage_case(ctx: KitContext, stage: str) -> CheckResult:
 
     if not ctx.claims("stages.type", stage):
         return ctx.skip(f"{stage}_step", "L2", "stages.type", stage)
-    make, key, oracle = {
-        "sft": (lambda tok, m, r: sft_batch(tok, _examples()), "loss/lm", _sft_loss),
-        "dpo": (lambda tok, m, r: pair_batch(tok, _examples()), "loss/dpo", _dpo_loss),
+    make, trained = {
+        "sft": (lambda tok, m, r: sft_batch(tok, _examples()), Trained("policy", "loss/lm", "grad/norm", _sft_loss)),
+        "dpo": (lambda tok, m, r: pair_batch(tok, _examples()), Trained("policy", "loss/dpo", "grad/norm", _dpo_loss)),
+        "rm": (lambda tok, m, r: pair_batch(tok, _examples()),
+               Trained("reward_model", "loss/rm", "grad/norm", _rm_loss)),
     }[stage]
     return _step_check(ctx, f"{stage}_step", {"stages.type": stage},
-                       [f"stages=[{{name: s, type: {stage}, steps: 1, batch_size: 6}}]"], stage, make, key, oracle)
+                       [f"stages=[{{name: s, type: {stage}, steps: 1, batch_size: 6}}]"], stage, make, [trained])
+
+
+def _critic_batch(tokenizer: Any, models: dict[str, Any], recipe: Any) -> Any:
+    """An rl batch with the critic's values at rollout time (perturbed, so the value clip acts),
+    and GAE advantages and returns from them."""
+    import torch
+
+    from unirl.algorithms.advantages import compute_advantages
+
+    batch = _rl_batch(tokenizer, models["policy"], _GroupAlgo(recipe.algorithm))
+    mask = batch.response_mask[:, 1:].float()
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        values = models["critic"](input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1, 0]
+    batch.values = (values.float() + 0.3 * torch.randn(values.shape, generator=g)) * mask
+    batch.advantages, batch.returns = compute_advantages(recipe.algorithm, scores=batch.rewards, mask=mask,
+                                                         group_index=batch.group_index, values=batch.values)
+    return batch
+
+
+class _GroupAlgo:
+    """``algo`` with group advantages, for the batch builder's placeholder advantages (replaced by GAE's)."""
+
+    def __init__(self, algo: Any) -> None:
+        self._algo = algo
+
+    def __getattr__(self, key: str) -> Any:
+        return {"advantage": "grpo", "group_size": 4, "norm_adv_by_std": True}.get(key, getattr(self._algo, key))
+
+
+def _value_loss(models: dict[str, Any], batch: Any, recipe: Any) -> Any:
+    from unirl.algorithms.objectives import value_objective
+
+    mask = batch.response_mask[:, 1:].float()
+    values = models["critic"](input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1, 0].float()
+    return value_objective(values=values, old_values=batch.values, returns=batch.returns, mask=mask,
+                           clip=recipe.algorithm.value_clip, n_tokens=float(mask.sum()))[0]
+
+
+def _critic_case(ctx: KitContext) -> CheckResult:
+    """One PPO update with a critic (``advantage=gae``): the policy and the critic each step once."""
+    if not ctx.claims("stages.type", "rl"):
+        return ctx.skip("critic_step", "L2", "stages.type", "rl")
+    if not ctx.claims("algorithm.advantage", "gae"):
+        return ctx.skip("critic_step", "L2", "algorithm.advantage", "gae")
+    overrides = ["stages=[{name: rl, type: rl, steps: 1, batch_size: 8}]", "algorithm.advantage=gae",
+                 "algorithm.group_size=1"]
+    knobs: dict[str, Any] = {"algorithm.advantage": "gae"}
+    if ctx.claims("algorithm.value_clip", "set"):
+        overrides.append("algorithm.value_clip=0.2")
+        knobs["algorithm.value_clip"] = 0.2
+    return _step_check(ctx, "critic_step", knobs, overrides, "rl", _critic_batch,
+                       [Trained("policy", "loss/total", "grad/norm", _policy_loss),
+                        Trained("critic", "loss/value", "critic/grad_norm", _value_loss)])
 
 
 def cases() -> list[Case]:
     return [*(Case(f"rl_step[algorithm.loss_agg={mode}]", "L2", partial(_rl_case, mode=mode))
               for mode in choices.LOSS_AGG),
-            *(Case(f"{stage}_step", "L2", partial(_stage_case, stage=stage)) for stage in ("sft", "dpo"))]
+            *(Case(f"{stage}_step", "L2", partial(_stage_case, stage=stage)) for stage in ("sft", "dpo", "rm")),
+            Case("critic_step", "L2", _critic_case)]

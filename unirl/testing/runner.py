@@ -19,8 +19,11 @@ def level_cases(level: str) -> list[Case]:
 
 
 def run_conformance(backend: str, levels: Sequence[str] = LEVELS, *, host: Any = None,
-                    progress: Callable[[str], None] | None = None) -> list[CheckResult]:
-    ctx = KitContext(backend, host=host)
+                    progress: Callable[[str], None] | None = None, overrides: Sequence[str] = (),
+                    learn_steps: tuple[int, int] | None = None) -> list[CheckResult]:
+    """Every check of ``levels``; ``overrides`` are added to L3's recipes, ``learn_steps`` sets
+    L3's learning run's (sft, rl) steps."""
+    ctx = KitContext(backend, host=host, overrides=list(overrides), learn_steps=learn_steps)
     results: list[CheckResult] = []
     for level in levels:
         cases = level_cases(level)
@@ -40,10 +43,11 @@ def summary(results: Sequence[CheckResult]) -> dict[str, int]:
     return out
 
 
-def print_table(results: Sequence[CheckResult], backend: str, console: Any) -> None:
+def print_table(results: Sequence[CheckResult], subject: str, console: Any) -> None:
+    """``subject``: a backend's name, or ``"reward NAME"`` etc. for a component."""
     from rich.table import Table
 
-    table = Table(title=f"unirl conformance: backend {backend}")
+    table = Table(title=f"unirl conformance: {subject if ' ' in subject else f'backend {subject}'}")
     for col in ("test", "level", "knob values", "result", "max abs err", "max rel err", "tolerance / skip reason"):
         table.add_column(col, overflow="fold")
     style = {"passed": "green", "failed": "bold red", "error": "bold red", "skipped": "yellow"}
@@ -57,6 +61,8 @@ def print_table(results: Sequence[CheckResult], backend: str, console: Any) -> N
     console.print(f"{s['passed']} passed, {s['failed'] + s['error']} failed, {s['skipped']} skipped", highlight=False)
 
 
-def write_json(results: Sequence[CheckResult], backend: str, path: str | Path) -> None:
-    Path(path).write_text(json.dumps({"backend": backend, "summary": summary(results),
+def write_json(results: Sequence[CheckResult], subject: str, path: str | Path) -> None:
+    """``{"backend": NAME, ...}``, or ``{"reward": NAME, ...}`` etc. for a component."""
+    kind, _, name = subject.rpartition(" ")
+    Path(path).write_text(json.dumps({kind or "backend": name, "summary": summary(results),
                                       "results": [r.to_json() for r in results]}, indent=1))
