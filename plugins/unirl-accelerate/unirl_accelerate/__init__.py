@@ -1,0 +1,1 @@
+"""``backend=accelerate``: unirl's reference losses on models stepped by Hugging Face Accelerate."""

@@ -1,0 +1,238 @@
+"""The reference engine trainer: every loss from :mod:`unirl.algorithms`, on HF models in this process.
+
+Public API (``docs/plugins.md``): the ``native`` backend is this class with torch's AdamW, and
+an engine-mode backend that keeps unirl's reference losses but steps the models with another
+engine subclasses it and overrides four methods: :meth:`ReferenceTrainer.make_optimizer`,
+:meth:`~ReferenceTrainer.forward`, :meth:`~ReferenceTrainer.backward` and
+:meth:`~ReferenceTrainer.optimizer_step` (``plugins/unirl-accelerate`` does so with HF Accelerate).
+
+Models (:class:`unirl.models.lifecycle.ModelSet`): ``policy`` (causal LM), ``reference`` (frozen
+copy of the policy taken when a stage that needs it starts), ``critic`` (token-value model for
+``advantage=gae``) and ``reward_model`` (sequence scorer for ``rm`` stages). Gradient
+accumulation over micro-batches uses the step-global normaliser, so an update does not depend
+on ``trainer.micro_batch_size``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from unirl.algorithms.aggregation import step_normaliser
+from unirl.algorithms.objectives import (dpo_objective, policy_objective, reward_model_objective, sft_objective,
+                                         value_objective)
+from unirl.algorithms.policy_loss import sft_token_loss, token_entropy, token_logprobs
+from unirl.batch import PairBatch, RolloutBatch, SFTBatch
+from unirl.config.derived import loss_norm_length
+from unirl.engine.update import run_mini_batches
+from unirl.models.lifecycle import ModelSet, grad_norm
+from unirl.models.loading import load_tokenizer
+from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
+
+
+class ReferenceTrainer:
+    """An :class:`unirl.protocols.EngineTrainer` in this process, computing unirl's reference losses."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.recipe = ctx.recipe
+        self.model_path = ctx.model_path
+        self.tokenizer = ctx.tokenizer or load_tokenizer(ctx.model_path)
+        self.models = ModelSet(self.recipe, ctx.model_path, self.tokenizer, self.make_optimizer)
+
+    # ------------------------------------------------------------------ the engine: override these
+
+    def make_optimizer(self, model: torch.nn.Module, lr: float | None = None) -> Any:
+        """What steps ``model`` (called once per trained model, when it is created): torch's
+        AdamW with the recipe's ``trainer`` settings. Its ``state_dict`` goes into checkpoints."""
+        t = self.recipe.trainer
+        return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr or t.lr,
+                                 betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay)
+
+    def forward(self, name: str, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Logits of model ``name`` (policy, reference, critic, reward_model) on one micro-batch."""
+        return self.models.models[name](input_ids=ids, attention_mask=attn).logits
+
+    def backward(self, name: str, loss: torch.Tensor) -> None:
+        """Accumulate the gradient of one micro-batch's ``loss`` (already divided by the step's normaliser)."""
+        loss.backward()
+
+    def optimizer_step(self, name: str, lr: float) -> torch.Tensor:
+        """Clip (``trainer.grad_clip``) and step model ``name`` at ``lr``; returns the gradient norm
+        before clipping. A non-finite norm must leave the weights unchanged (raise after zeroing)."""
+        optimizer, model = self.models.steppers[name], self.models.models[name]
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = grad_norm(params, self.recipe.trainer.grad_clip)
+        if not torch.isfinite(norm):
+            optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"{name} gradient norm is {float(norm)}; the step was skipped, weights unchanged")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # ------------------------------------------------------------------ models
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        return self.models.policy
+
+    def policy_module(self) -> torch.nn.Module:
+        return self.policy
+
+    def begin_stage(self, stage_type: str) -> None:
+        self.models.begin_stage(stage_type)
+
+    def sync_weights(self, rollout: RolloutEngine) -> dict[str, float]:
+        return self.models.sync_weights(rollout)
+
+    def close(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------ helpers
+
+    def _finish_step(self, name: str, lr: float) -> float:
+        norm = float(self.optimizer_step(name, lr))
+        self.models.stepped(name)
+        return norm
+
+    # ------------------------------------------------------------------ the contract's steps
+
+    def supervised_step(self, stage_type: str, batch: SFTBatch | PairBatch, lr: float) -> dict[str, float]:
+        step = {"sft": self._lm_step, "cpt": self._lm_step, "dpo": self._dpo_step, "rm": self._rm_step}[stage_type]
+        return step(batch, lr)
+
+    def score(self, batch: RolloutBatch, request: ScoreRequest) -> Scores:
+        return Scores(
+            old_logprobs=self._token_logprobs("policy", batch) if request.old_logprobs else None,
+            ref_logprobs=self._token_logprobs("reference", batch) if request.ref_logprobs else None,
+            values=self._all_values(batch) if request.values else None)
+
+    def update(self, batch: RolloutBatch, plan: UpdatePlan) -> dict[str, float]:
+        return run_mini_batches(batch, plan, self._policy_step, self._critic_step)
+
+    # ------------------------------------------------------------------ language-model losses
+
+    def _lm_step(self, batch: SFTBatch, lr: float) -> dict[str, float]:
+        """Token-mean NLL on ``batch.loss_mask`` (completion tokens for SFT, all tokens for CPT)."""
+        mask = batch.loss_mask[:, 1:].float()
+        n_tokens = float(mask.sum().clamp(min=1))
+        total = 0.0
+        for sl in self.models.micro_batches(len(batch)):
+            logits = self.forward("policy", batch.input_ids[sl], batch.attention_mask[sl])
+            loss = sft_objective(nll=sft_token_loss(logits, batch.input_ids[sl]), mask=mask[sl], n_tokens=n_tokens)
+            self.backward("policy", loss)
+            total += float(loss.detach())
+        return {"loss/lm": total, "grad/norm": self._finish_step("policy", lr), "lr": lr, "tokens/trained": n_tokens}
+
+    # ------------------------------------------------------------------ preference losses
+
+    def _seq_logprob_sums(self, name: str, batch: SFTBatch, grad: bool) -> torch.Tensor:
+        out = []
+        mask = batch.loss_mask[:, 1:].float()
+        with torch.set_grad_enabled(grad):
+            for sl in self.models.micro_batches(len(batch)):
+                logits = self.forward(name, batch.input_ids[sl], batch.attention_mask[sl])
+                out.append((token_logprobs(logits, batch.input_ids[sl]) * mask[sl]).sum(-1))
+        return torch.cat(out)
+
+    def _dpo_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
+        """One DPO step; chosen and rejected sequences go through the model together."""
+        n = len(pairs)
+        both = pairs.sequences
+        ref = self._seq_logprob_sums("reference", both, grad=False)
+        pi = self._seq_logprob_sums("policy", both, grad=True)
+        loss, stats = dpo_objective(pi_c=pi[:n], pi_r=pi[n:], ref_c=ref[:n], ref_r=ref[n:], algo=self.recipe.algorithm,
+                                    n_pairs=float(n))
+        self.backward("policy", loss)
+        row = {k: float(v) for k, v in stats.items()}
+        row.update({"grad/norm": self._finish_step("policy", lr), "lr": lr,
+                    "tokens/trained": float(both.loss_mask.sum())})
+        return row
+
+    def _scores(self, batch: SFTBatch) -> torch.Tensor:
+        out = [self.forward("reward_model", batch.input_ids[sl], batch.attention_mask[sl])[:, 0]
+               for sl in self.models.micro_batches(len(batch))]
+        return torch.cat(out)
+
+    def _rm_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
+        n = len(pairs)
+        scores = self._scores(pairs.sequences)
+        loss, stats = reward_model_objective(r_c=scores[:n], r_r=scores[n:], n_pairs=float(n))
+        self.backward("reward_model", loss)
+        row = {k: float(v) for k, v in stats.items()}
+        row.update({"grad/norm": self._finish_step("reward_model", lr), "lr": lr})
+        return row
+
+    # ------------------------------------------------------------------ RL
+
+    @torch.no_grad()
+    def _token_logprobs(self, name: str, batch: RolloutBatch) -> torch.Tensor:
+        return torch.cat([token_logprobs(self.forward(name, batch.input_ids[sl], batch.attention_mask[sl]),
+                                         batch.input_ids[sl]) for sl in self.models.micro_batches(len(batch))])
+
+    def _values(self, batch: RolloutBatch, sl: slice) -> torch.Tensor:
+        # value of the state before target token t sits at position t - 1: [B, T-1]
+        return self.forward("critic", batch.input_ids[sl], batch.attention_mask[sl])[:, :-1, 0].float()
+
+    @torch.no_grad()
+    def _all_values(self, batch: RolloutBatch) -> torch.Tensor:
+        return torch.cat([self._values(batch, sl) for sl in self.models.micro_batches(len(batch))])
+
+    def _policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
+        algo = self.recipe.algorithm
+        mask = batch.response_mask[:, 1:].float()
+        normaliser = step_normaliser(mask, algo.loss_agg, norm_length=loss_norm_length(self.recipe))
+        n_tokens = float(mask.sum().clamp(min=1))
+        sums: dict[str, float] = {}
+        for sl in self.models.micro_batches(len(batch)):
+            ids = batch.input_ids[sl]
+            logits = self.forward("policy", ids, batch.attention_mask[sl])
+            logp = token_logprobs(logits, ids)
+            # the entropy bonus is differentiated; without it entropy is only logged
+            with torch.set_grad_enabled(bool(algo.entropy_coef)):
+                entropy = token_entropy(logits)
+            # Without stored behaviour log-probs the batch is on-policy: old = current (ratio 1).
+            old = batch.old_logprobs[sl] if batch.old_logprobs is not None else logp.detach()
+            ref = batch.ref_logprobs[sl] if batch.ref_logprobs is not None else None
+            loss, stats = policy_objective(logp=logp, old_logp=old, ref_logp=ref, advantages=batch.advantages[sl],
+                                           mask=mask[sl], entropy=entropy, algo=algo, normaliser=normaliser,
+                                           n_tokens=n_tokens)
+            self.backward("policy", loss)
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        sums.update({"grad/norm": self._finish_step("policy", lr), "lr": lr, "tokens/trained": n_tokens})
+        return sums
+
+    def _critic_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
+        algo = self.recipe.algorithm
+        mask = batch.response_mask[:, 1:].float()
+        n_tokens = float(mask.sum().clamp(min=1))
+        sums: dict[str, float] = {}
+        for sl in self.models.micro_batches(len(batch)):
+            loss, stats = value_objective(values=self._values(batch, sl), old_values=batch.values[sl],
+                                          returns=batch.returns[sl], mask=mask[sl], clip=algo.value_clip,
+                                          n_tokens=n_tokens)
+            self.backward("critic", loss)
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        sums["critic/grad_norm"] = self._finish_step("critic", lr)
+        return sums
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"models": {k: m.state_dict() for k, m in self.models.models.items()},
+                "optimizers": {k: o.state_dict() for k, o in self.models.steppers.items()},
+                "trained": sorted(self.models.trained)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.models.restore_models(state["models"])
+        for name, sd in state["optimizers"].items():
+            self.models.steppers[name].load_state_dict(sd)
+        self.models.trained = set(state["trained"])
+
+    def export(self, run_dir: str) -> dict[str, str]:
+        """The policy to ``model/`` and any trained critic / reward model to ``critic/`` / ``reward_model/``."""
+        return self.models.export(run_dir)
