@@ -52,6 +52,26 @@ class WrongBackend(NativeBackend):
         return SeqMeanMath()
 
 
+class RecipeConfigured(NativeBackend):
+    """A backend configured by the recipe's own sections, with its own copy of the reference
+    math: not the reference itself, so L0 and L1 check it like any framework's."""
+
+    def translate(self, recipe):
+        return {"stages": OmegaConf.to_container(recipe.stages), "algorithm": OmegaConf.to_container(recipe.algorithm)}
+
+    def read_back(self, native):
+        from unirl.capabilities import recipe_knobs
+
+        return [(k, v) for k, v, _ in recipe_knobs(OmegaConf.create(native))]
+
+    def math(self):
+        return OwnMath()
+
+
+class OwnMath(ReferenceMath):
+    pass
+
+
 class WrongPlugin:
     @hookimpl
     def unirl_register_backends(self, register):
@@ -59,7 +79,7 @@ class WrongPlugin:
         limited = all_values()
         limited["algorithm.loss_agg"] = {"token_mean": Support.NATIVE}
         limited["algorithm.advantage"] = {"grpo": Support.EMULATED}
-        register("limited", NativeBackend, capabilities=Capabilities(knobs=limited))
+        register("limited", RecipeConfigured, capabilities=Capabilities(knobs=limited))
 
 
 @pytest.fixture
@@ -77,7 +97,8 @@ def test_wrong_aggregation_fails_l1_and_l2_with_the_error_size(wrong_plugin):
     assert l1.max_abs > 1e-3 and "abs <= 1e-06" in l1.tolerance
     assert ("L1", "policy_loss", (("algorithm.loss_agg", "token_mean"),)) in failed
     l2 = [r for k, r in failed.items() if k[0] == "L2"]
-    assert [r.knobs["algorithm.loss_agg"] for r in l2] == ["token_mean"]
+    # rl_step with token_mean, and the critic step, whose PPO update runs with the default token_mean
+    assert [r.knobs.get("algorithm.loss_agg", r.check) for r in l2] == ["token_mean", "critic_step"]
     assert l2[0].max_rel > 1e-3 and "loss: abs" in l2[0].reason
     # everything it does right still passes
     assert results[("L1", "aggregate", (("algorithm.loss_agg", "seq_mean_token_sum"),))].status == "passed"
@@ -114,8 +135,16 @@ def test_declared_unsupported_values_are_reported_skips(wrong_plugin):
 
 def test_unknown_backend_is_a_usage_error(capsys):
     assert main(["conformance", "--backend", "nope"]) == 2
-    assert "Installed backends: native" in " ".join(capsys.readouterr().err.split())
+    assert "Installed backends: accelerate, native, openrlhf" in " ".join(capsys.readouterr().err.split())
     assert main(["conformance", "--level", "L9"]) == 2
+
+
+def test_a_reference_backend_is_reported_as_the_reference_not_as_passes(wrong_plugin):
+    """native computes with the reference itself: L0 / L1 would compare it with itself."""
+    results = run_conformance("native", ["L0", "L1"])
+    assert results and all(r.status == "skipped" and r.reason.startswith("reference:") for r in results)
+    own = run_conformance("limited", ["L1"])  # the same math in a subclass is checked
+    assert any(r.status == "passed" for r in own)
 
 
 @pytest.mark.slow
@@ -126,7 +155,11 @@ def test_native_passes_every_level_from_the_cli(tmp_path):
     data = json.loads(out.read_text())
     assert data["summary"]["failed"] == 0 and data["summary"]["error"] == 0
     assert {r["level"] for r in data["results"]} == {"L0", "L1", "L2", "L3"}
-    assert data["summary"]["passed"] == len(data["results"])  # native claims everything: nothing skipped
+    checked = [r for r in data["results"] if r["level"] in ("L2", "L3")]
+    assert checked and all(r["status"] == "passed" for r in checked)  # native claims everything: nothing skipped
+    assert {r["check"] for r in checked} >= {"rm_step", "critic_step", "learns", "resume"}
+    reference = [r for r in data["results"] if r["level"] in ("L0", "L1")]
+    assert all(r["status"] == "skipped" and r["reason"].startswith("reference:") for r in reference)
     for r in data["results"]:
         assert r["check"] in proc.stdout
-    assert f"{data['summary']['passed']} passed, 0 failed, 0 skipped" in proc.stdout
+    assert f"{len(checked)} passed, 0 failed, {len(reference)} skipped" in proc.stdout

@@ -41,3 +41,28 @@ def test_semantics_doc_defines_every_canonical_value():
         for value in values:
             if isinstance(value, str) and value != "set":
                 assert f"`{value}`" in doc, f"{key}={value} is not defined in docs/semantics.md"
+
+
+def test_plugin_guide_lists_every_hook_with_its_arguments():
+    doc = (ROOT / "docs" / "plugins.md").read_text()
+    hooks = _hooks()
+    for name, fn in hooks.items():
+        args = ", ".join(inspect.signature(fn).parameters)
+        assert f"`{name}({args})`" in doc, f"docs/plugins.md must show `{name}({args})` as hookspecs.py defines it"
+    named = set(re.findall(r"`(unirl_[a-z_]+)\(", doc))
+    assert named == set(hooks), f"docs/plugins.md names hooks that do not exist: {named - set(hooks)}"
+
+
+def test_plugin_guide_public_api_table_imports():
+    """Every name the guide promises as public API exists where it says."""
+    import importlib
+
+    doc = (ROOT / "docs" / "plugins.md").read_text()
+    section = doc.split("## Public API", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([\w.]+)`(?:, `(\.\w+)`)?(?:, `(\.\w+)`)? \| (.+) \|$", section, re.M)
+    assert len(rows) >= 15
+    for base, sub1, sub2, names in rows:
+        modules = [importlib.import_module(base)]
+        modules += [importlib.import_module(base + s) for s in (sub1, sub2) if s]
+        for name in re.findall(r"`(\w+)`", names.split(" and ")[0]):
+            assert any(hasattr(m, name) for m in modules), f"docs/plugins.md: {base} has no {name}"

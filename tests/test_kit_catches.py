@@ -193,3 +193,10 @@ def test_a_plugin_test_run_shows_no_deprecation_warning_from_the_kit():
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "passed" in proc.stdout and "unirl/testing" not in proc.stdout.split("warnings summary")[-1]
+
+
+def test_metric_keys_a_backend_may_add():
+    from unirl.metrics import check_row_keys
+
+    row = {"stage", "step", "loss/total", "time/step_s", "mine/ratio", "ratio", "trl/x"}
+    assert check_row_keys(row, "mine") == ["ratio", "trl/x"]  # unprefixed, or under another backend's name

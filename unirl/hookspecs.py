@@ -55,7 +55,8 @@ def unirl_register_backends(register: Register) -> None:
     """Register training backends (``backend=NAME`` in a recipe).
 
     Called once, when the plugin manager loads plugins. The factory is called as
-    ``factory(recipe) -> Backend`` (:class:`unirl.protocols.Backend`: ``build_trainer``, which
+    ``factory(recipe, options) -> Backend``, ``options`` an instance of ``config_class`` holding
+    the recipe's ``backend_options`` (a factory taking only ``recipe`` is called so, unirl 0.1) (:class:`unirl.protocols.Backend`: ``build_trainer``, which
     returns an :class:`~unirl.protocols.EngineTrainer` or a :class:`~unirl.protocols.StageRunner`,
     and ``math``; for conformance L0 also :class:`~unirl.protocols.ConfigTranslator`'s
     ``translate`` and ``read_back``); it is imported only when a recipe selects the backend.
@@ -90,7 +91,8 @@ def unirl_register_rewards(register: Register) -> None:
 def unirl_register_buffers(register: Register) -> None:
     """Register replay buffers (``buffer.name=NAME``).
 
-    Called once at plugin load. ``factory(config, ctx) -> ReplayBuffer``.
+    Called once at plugin load. ``factory(config, ctx) -> ReplayBuffer``. The buffer decides
+    what each rl step trains on: ``take()`` returns its selection, in order (docs/plugins.md).
     """
 
 
@@ -124,4 +126,5 @@ def unirl_step_end(stage: str, step: int, metrics: dict[str, Any]) -> None:
 @hookspec
 def unirl_run_end(run_dir: str, status: str) -> None:
     """Called once when a run ends; ``status`` is ``"completed"``, ``"stopped"``
-    (``run.stop_after`` reached, resumable), ``"interrupted"`` (Ctrl-C) or ``"failed"``."""
+    (``run.stop_after`` reached, resumable), ``"interrupted"`` (Ctrl-C), ``"failed"`` or
+    ``"dry_run"`` (a trainer-mode stage was only prepared)."""

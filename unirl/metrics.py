@@ -58,6 +58,26 @@ REQUIRED = {
 }
 NONDETERMINISTIC_PREFIXES = ("time/", "throughput/", "memory/")
 
+#: Where a row sits in the run.
+ROW_KEYS = ("stage", "stage_type", "step", "global_step")
+#: Every shared metric name: the constants above, and the statistics the reference losses and
+#: the rl step report (``unirl.algorithms.objectives``, ``unirl.engine.stages``). A backend
+#: writes these with the same meaning, and anything else under its own name as prefix.
+SHARED = frozenset({
+    *(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str) and "/" in v),
+    "lr", "grad/norm", "loss/kl", "advantages/abs_mean", "response/length_mean", "kl/reward_mean",
+    "critic/grad_norm", "value/clip_frac", "value/mean", "rewards/chosen", "rewards/rejected", "rewards/accuracy",
+    "rm/margin",
+})
+
+
+def check_row_keys(keys: Any, backend: str) -> list[str]:
+    """The keys among ``keys`` a row of backend ``backend`` may not carry: neither a shared name
+    (:data:`SHARED`, :data:`ROW_KEYS`), nor a machine measurement (:data:`NONDETERMINISTIC_PREFIXES`),
+    nor the backend's own (``f"{backend}/..."``)."""
+    return sorted(k for k in keys if k not in SHARED and k not in ROW_KEYS
+                  and not k.startswith((*NONDETERMINISTIC_PREFIXES, f"{backend}/")))
+
 
 def peak_memory_bytes() -> int:
     """Peak resident set size of this process (CPU memory)."""

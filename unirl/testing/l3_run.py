@@ -62,12 +62,16 @@ def check_learns(ctx: KitContext) -> CheckResult:
         rows = read_metrics(run_dir / "metrics.jsonl")
     except Exception as exc:  # noqa: BLE001
         return CheckResult("learns", "L3", "error", knobs, reason=f"{type(exc).__name__}: {exc}")
+    from unirl.metrics import check_row_keys
+
     sft0, sft1 = _means(rows, "sft", "loss/sft")
     r0, r1 = _means(rows, "rl", "reward/mean")
-    ok = sft1 <= sft0 * (1 - MIN_SFT_DROP) and r1 - r0 >= MIN_REWARD_GAIN
+    stray = check_row_keys({k for r in rows for k in r}, ctx.backend)
+    ok = sft1 <= sft0 * (1 - MIN_SFT_DROP) and r1 - r0 >= MIN_REWARD_GAIN and not stray
+    keys = f"; metric keys neither shared nor under '{ctx.backend}/': {', '.join(stray)}" if stray else ""
     return CheckResult("learns", "L3", "passed" if ok else "failed", knobs, reason=(
         f"loss/sft {sft0:.3f} -> {sft1:.3f} (needs -{MIN_SFT_DROP:.0%}); reward/mean {r0:.3f} -> {r1:.3f} "
-        f"(needs +{MIN_REWARD_GAIN})"))
+        f"(needs +{MIN_REWARD_GAIN}){keys}"))
 
 
 def _extra(ctx: KitContext) -> dict[str, str]:
