@@ -200,3 +200,37 @@ def test_metric_keys_a_backend_may_add():
 
     row = {"stage", "step", "loss/total", "time/step_s", "mine/ratio", "ratio", "trl/x"}
     assert check_row_keys(row, "mine") == ["ratio", "trl/x"]  # unprefixed, or under another backend's name
+
+
+@dataclass
+class PerTokenConfig:
+    per_token: float = 0.1
+
+
+class TokenLengthReward:
+    """Pays ``per_token`` for each token of the completion: needs the run's tokenizer."""
+
+    def __init__(self, config, ctx):
+        self.config, self.tokenizer = config, ctx.tokenizer
+
+    def __call__(self, prompts, completions, **kw):
+        return [self.config.per_token * len(self.tokenizer(c)["input_ids"]) for c in completions]
+
+
+class TokenPlugin:
+    @hookimpl
+    def unirl_register_rewards(self, register):
+        register("token_length", TokenLengthReward, config_class=PerTokenConfig)
+
+
+def test_a_reward_that_counts_tokens_can_be_tested():
+    """The kit builds rewards with the tiny model's tokenizer (one token per byte)."""
+    host = get_plugin_host()
+    host.register_plugin(TokenPlugin(), "token-plugin")
+    try:
+        make = lambda opts: C.make_component("reward", "token_length", opts)  # noqa: E731
+        rows = [("1+1=", "2", {}, 0.1), ("9+9=", "18", {}, 0.2), ("", "héllo", {}, 0.6)]  # é is two bytes
+        C.check_reward_table(make({}), rows)
+        C.check_reward_options(make, {}, [({"per_token": 1.0}, ("9+9=", "18", {}, 2.0))])
+    finally:
+        host.unregister_plugin("token-plugin")
