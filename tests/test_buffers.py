@@ -54,3 +54,8 @@ def test_a_run_trains_on_the_top_half_by_reward_and_records_it(short_overrides, 
         assert r["buffer/trained"] == 8 and r["buffer/dropped"] == 8
         assert r["reward/trained_mean"] >= r["reward/mean"]
         assert r["tokens/generated"] > 0
+
+
+def test_a_choosing_buffer_is_refused_where_the_framework_runs_its_own_loop():
+    with pytest.raises(ConfigError, match="runs in trainer mode: the framework's own loop trains on everything"):
+        load_recipe("configs/grpo_tiny.yaml", ["backend=trl", "buffer.name=prioritized"])

@@ -333,6 +333,14 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
             others = [r.name for r in registry.entries["backend"].values()
                       if r.capabilities is not None and r.capabilities.support(key, value) is not Support.UNSUPPORTED]
             raise CapabilityError(backend=backend_reg.name, key=key, value=shown, supported_by=others)
+    trainer_mode = caps.mode == "trainer" or cfg.backend_options.get("mode") == "trainer"
+    if trainer_mode and cfg.buffer.name != "memory" and any(st.type == "rl" for st in cfg.stages):
+        engines = [r.name for r in registry.entries["backend"].values()
+                   if r.capabilities is not None and r.capabilities.mode == "engine"]
+        raise ConfigError(f"buffer.name={cfg.buffer.name!r} chooses what unirl's rl step trains on, but backend "
+                          f"{backend_reg.name!r} runs in trainer mode: the framework's own loop trains on everything "
+                          f"it generates and no buffer is built. Use buffer.name=memory, or an engine-mode backend "
+                          f"({', '.join(engines)}).", key="buffer.name", value=cfg.buffer.name)
     dp, max_dp = cfg.parallel.dp, caps.parallel.get("dp", 1)
     if max_dp is not None and dp > max_dp:
         others = [r.name for r in registry.entries["backend"].values() if r.capabilities is not None
