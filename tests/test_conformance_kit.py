@@ -42,16 +42,6 @@ class SeqMeanTrainer(NativeTrainer):
             self.recipe = saved
 
 
-class WrongBackend(NativeBackend):
-    name = "wrong"
-
-    def build_trainer(self, ctx):
-        return SeqMeanTrainer(ctx)
-
-    def math(self):
-        return SeqMeanMath()
-
-
 class RecipeConfigured(NativeBackend):
     """A backend configured by the recipe's own sections, with its own copy of the reference
     math: not the reference itself, so L0 and L1 check it like any framework's."""
@@ -70,6 +60,16 @@ class RecipeConfigured(NativeBackend):
 
 class OwnMath(ReferenceMath):
     pass
+
+
+class WrongBackend(RecipeConfigured):
+    name = "wrong"
+
+    def build_trainer(self, ctx):
+        return SeqMeanTrainer(ctx)
+
+    def math(self):
+        return SeqMeanMath()
 
 
 class WrongPlugin:
