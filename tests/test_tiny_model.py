@@ -55,3 +55,33 @@ def test_tokenizer_round_trips_text_and_reloads_identically(tiny_model_dir):
         assert loaded.decode(ids) == text
     assert len(built("3+4=").input_ids) == 4  # one token per character
     assert loaded.eos_token_id == 0 and loaded.pad_token_id == 1 and len(loaded) == 258
+
+
+_SAVE = """
+import sys, torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from unirl.models.loading import no_deepspeed_unwrap
+model = Qwen2ForCausalLM(Qwen2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, vocab_size=64))
+{save}
+print("deepspeed" in sys.modules)
+"""
+
+
+def _imports_deepspeed(save: str, tmp_path) -> bool:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _SAVE.format(save=save)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_saving_a_model_does_not_import_deepspeed_and_the_fence_is_still_needed(tmp_path):
+    """unirl.models.loading.no_deepspeed_unwrap: a native run never loads DeepSpeed. If the plain
+    save stops importing it (transformers / accelerate changed), this fails: remove the fence."""
+    assert not _imports_deepspeed(f"with no_deepspeed_unwrap(): model.save_pretrained({str(tmp_path / 'a')!r})",
+                                  tmp_path)
+    assert _imports_deepspeed(f"model.save_pretrained({str(tmp_path / 'b')!r})", tmp_path), \
+        "save_pretrained no longer imports DeepSpeed: remove unirl.models.loading.no_deepspeed_unwrap"

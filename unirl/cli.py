@@ -146,6 +146,52 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
     return 0 if s["failed"] + s["error"] == 0 else 1
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from unirl.bench.runner import bench, markdown, print_table, write_json
+    from unirl.config import load_recipe
+    from unirl.plugin_manager import get_plugin_host
+    from unirl.progress import make_console
+
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if not backends:
+        raise UsageError("--backends is empty: name one or more installed backends, e.g. --backends native,trl.")
+    for flag, value, low in (("--steps", args.steps, 1), ("--repeat", args.repeat, 1), ("--warmup", args.warmup, 0)):
+        if value < low:
+            raise UsageError(f"{flag}={value} must be >= {low}.")
+    if args.warmup >= args.steps:
+        raise UsageError(f"--warmup={args.warmup} leaves nothing to measure of --steps={args.steps}.")
+    host = get_plugin_host()
+    for backend in backends:  # every user error before any run starts: exit 2 naming the backend
+        load_recipe(args.recipe, [*args.overrides, f"backend={backend}"], host=host)
+    console = make_console()
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="unirl-bench-"))
+    with_baseline = not args.no_baseline and any(st.type == "rl" for st in load_recipe(args.recipe, args.overrides,
+                                                                                       host=host).stages)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("bench", total=(len(backends) + with_baseline) * args.repeat)
+
+        def progress(backend: str, event: str, rep: int) -> None:
+            if event == "start":
+                bar.update(task, description=f"{backend} (repetition {rep + 1}/{args.repeat})")
+            else:
+                bar.advance(task)
+
+        result = bench(args.recipe, backends, steps=args.steps, repeat=args.repeat, warmup=args.warmup,
+                       overrides=args.overrides, workdir=workdir, baselines=with_baseline, progress=progress)
+    print_table(result, console)
+    for path, write in ((args.json, lambda p: write_json(result, p)), (args.md, lambda p: Path(p).write_text(
+            markdown(result)))):
+        if path:
+            write(path)
+            console.print(f"written: {path}", highlight=False)
+    return 1 if result.failed else 0
+
+
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
     from unirl.models.tiny import build_tiny_model
 
@@ -184,6 +230,21 @@ def build_parser() -> argparse.ArgumentParser:
     conf.add_argument("--learn-steps", metavar="SFT,RL", help="step counts of L3's learning run (default 60,100)")
     conf.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     conf.set_defaults(func=_cmd_conformance)
+    b = sub.add_parser("bench", help="the same recipe on several backends, side by side, phase by phase",
+                       description="Run RECIPE on each backend (a fresh process per repetition, interleaved) and "
+                                   "report per-phase seconds, tokens/s and peak memory.")
+    b.add_argument("recipe")
+    b.add_argument("overrides", nargs="*", metavar="key=value")
+    b.add_argument("--backends", default="native", help="comma-separated backends (default: native)")
+    b.add_argument("--steps", type=int, default=10, help="steps per stage (each stage cut to at most this)")
+    b.add_argument("--repeat", type=int, default=3, help="repetitions per backend, each a fresh process")
+    b.add_argument("--warmup", type=int, default=1, help="first steps of each stage left out of the statistics")
+    b.add_argument("--no-baseline", action="store_true",
+                   help="skip the framework-free loops (run for recipes with an rl stage)")
+    b.add_argument("--json", metavar="PATH")
+    b.add_argument("--md", metavar="PATH", help="a Markdown report")
+    b.add_argument("--workdir", metavar="DIR", help="where the runs go (default: a new temporary folder)")
+    b.set_defaults(func=_cmd_bench)
     tiny = sub.add_parser("tiny-model", help="write the tiny random-init Qwen2 model and tokenizer to OUT")
     tiny.add_argument("out")
     tiny.add_argument("--seed", type=int, default=0)

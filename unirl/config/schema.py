@@ -118,6 +118,16 @@ class CheckpointSection:
 
 
 @dataclass
+class ProfileSection:
+    """Profiling a run from the recipe (docs/benchmarks.md)."""
+
+    torch_profiler: bool = False  # write a Chrome trace (torch.profiler) of each step in `steps`
+    steps: list[int] = field(default_factory=lambda: [2])  # global steps to trace (1-based)
+    nvtx: bool = False  # CUDA: also push each phase as an NVTX range (for Nsight Systems)
+    memory: bool = False  # CUDA: write a memory snapshot (torch.cuda.memory) after the traced steps
+
+
+@dataclass
 class RecipeConfig:
     seed: int = 0
     backend: str = "native"
@@ -129,6 +139,7 @@ class RecipeConfig:
     stages: list[StageSection] = field(default_factory=list)
     parallel: ParallelSection = field(default_factory=ParallelSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    profile: ProfileSection = field(default_factory=ProfileSection)
     # Component sections: {name: ..., <options of the registered config class>}.
     task: dict[str, Any] = field(default_factory=lambda: {"name": "arithmetic"})
     reward: dict[str, Any] = field(default_factory=lambda: {"name": "arithmetic"})

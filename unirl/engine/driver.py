@@ -73,6 +73,8 @@ class Driver:
         from unirl.capabilities import Capabilities
 
         self.recipe, self.host, self.console = recipe, host, console
+        self._checkpoint_s: float | None = None  # reported on the next row (time/checkpoint_s)
+        self._profiler: Any = None
         self.capabilities = host.registry.get("backend", recipe.backend).capabilities or Capabilities()
         self.deviations = self.capabilities.deviations(recipe)
 
@@ -169,7 +171,9 @@ class Driver:
                                        f"{state['stage_step']} of {stage.steps} without finishing the stage")
                 else:
                     while not outcome:
+                        self._profiler.before(state["global_step"] + 1)
                         row = STEP_FUNCTIONS[stage.type](parts, stage, lr)
+                        self._profiler.after(state["global_step"] + 1)
                         result = self._after_step(stage, row, state, writer, bar, checkpoint)
                         if result is not None:
                             outcome.append(result)
@@ -186,6 +190,8 @@ class Driver:
         recipe = self.recipe
         state["stage_step"] += 1
         state["global_step"] += 1
+        if self._checkpoint_s is not None:  # the checkpoint written after the previous step
+            row[M.TIME_CHECKPOINT], self._checkpoint_s = self._checkpoint_s, None
         row[M.MEMORY_PEAK] = M.peak_memory_bytes()
         gpu_peak = M.gpu_peak_memory_bytes()
         if gpu_peak is not None:
@@ -204,7 +210,9 @@ class Driver:
         stopping = bool(stop_after) and state["global_step"] >= stop_after and not finished
         signalled = self._signal is not None and not finished
         if stage_done or stopping or signalled or (every and state["global_step"] % every == 0):
+            t0 = time.perf_counter()
             checkpoint()
+            self._checkpoint_s = time.perf_counter() - t0
         if signalled:
             self.console.print(f"{self._signal}: checkpoint written at global step "
                                f"{state['global_step']}; continue with resume=auto", highlight=False)
@@ -244,6 +252,11 @@ class Driver:
         if recipe.run.threads:
             torch.set_num_threads(recipe.run.threads)
         run_dir, resume_from = prepare_run_dir(recipe)
+        from unirl.engine.phases import PhaseTimer
+        from unirl.engine.profiling import StepProfiler
+
+        self._profiler = StepProfiler(recipe, run_dir, self.console)
+        PhaseTimer.nvtx = bool(recipe.profile.nvtx)
         for deviation in self.deviations:
             self.console.print(f"[yellow]deviation:[/] {deviation.message(recipe.backend)}", highlight=False)
         OmegaConf.save(recipe, run_dir / "config.yaml")
@@ -284,6 +297,7 @@ class Driver:
                            f"in {str(run_dir)!r}; continue with resume=auto once fixed.") from exc
         finally:
             restore_signals()
+            self._profiler.close()
             if self._trainer is not None:
                 self._trainer.close()  # a trainer holding processes (data-parallel ranks) stops them
             if writer is not None:

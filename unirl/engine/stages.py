@@ -10,7 +10,6 @@ seam, so every backend is timed the same way.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch
 from unirl import metrics as M
 from unirl.config.derived import stage_needs
 from unirl.engine.collate import example_extras, pair_batch, sft_batch, text_batch
+from unirl.engine.phases import PhaseTimer
 from unirl.engine.update import plan_update
 from unirl.errors import RunError
 from unirl.protocols import AlgorithmMath, EngineTrainer, ReplayBuffer, RewardFn, RolloutEngine, ScoreRequest, Task
@@ -37,34 +37,38 @@ class Components:
     math: AlgorithmMath | None = None
 
 
-def _timed_row(row: dict[str, float], tokens: float, t0: float) -> dict[str, float]:
-    dt = time.perf_counter() - t0
-    row.update({M.TIME_TRAIN: dt, M.TIME_STEP: dt, M.THROUGHPUT: tokens / dt})
+def _timed_row(row: dict[str, float], tokens: float, timer: PhaseTimer) -> dict[str, float]:
+    row.update(timer.row())
+    row[M.THROUGHPUT] = tokens / row[M.TIME_STEP]
     return row
 
 
-def _lm_step(c: Components, stage: Any, lr: float, batch: Any, loss_key: str, t0: float) -> dict[str, float]:
-    row = c.trainer.supervised_step(stage.type, batch, lr)
+def _lm_step(c: Components, stage: Any, lr: float, make_batch: Any, loss_key: str) -> dict[str, float]:
+    timer = PhaseTimer()
+    with timer("data"):
+        batch = make_batch(c.task.sample(stage.batch_size))
+    with timer("train"):
+        row = c.trainer.supervised_step(stage.type, batch, lr)
     row[loss_key] = row.pop("loss/lm")
-    return _timed_row(row, float(batch.attention_mask.sum()), t0)
+    return _timed_row(row, float(batch.attention_mask.sum()), timer)
 
 
 def sft_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
-    t0 = time.perf_counter()
-    return _lm_step(c, stage, lr, sft_batch(c.trainer.tokenizer, c.task.sample(stage.batch_size)), M.LOSS_SFT, t0)
+    return _lm_step(c, stage, lr, lambda examples: sft_batch(c.trainer.tokenizer, examples), M.LOSS_SFT)
 
 
 def cpt_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
-    t0 = time.perf_counter()
-    batch = text_batch(c.trainer.tokenizer, [ex.text for ex in c.task.sample(stage.batch_size)])
-    return _lm_step(c, stage, lr, batch, M.LOSS_CPT, t0)
+    return _lm_step(c, stage, lr, lambda examples: text_batch(c.trainer.tokenizer, [ex.text for ex in examples]),
+                    M.LOSS_CPT)
 
 
 def _pair_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
-    t0 = time.perf_counter()
-    pairs = pair_batch(c.trainer.tokenizer, c.task.sample(stage.batch_size))
-    return _timed_row(c.trainer.supervised_step(stage.type, pairs, lr), float(pairs.sequences.attention_mask.sum()),
-                      t0)
+    timer = PhaseTimer()
+    with timer("data"):
+        pairs = pair_batch(c.trainer.tokenizer, c.task.sample(stage.batch_size))
+    with timer("train"):
+        row = c.trainer.supervised_step(stage.type, pairs, lr)
+    return _timed_row(row, float(pairs.sequences.attention_mask.sum()), timer)
 
 
 def score_request(recipe: Any) -> ScoreRequest:
@@ -78,42 +82,44 @@ def score_request(recipe: Any) -> ScoreRequest:
 
 def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     algo, trainer = c.recipe.algorithm, c.trainer
-    t0 = time.perf_counter()
-    examples = c.task.sample(stage.batch_size)
-    rollout = c.rollout.generate([ex.prompt for ex in examples], c.rollout.default_params(algo.group_size))
-    rollout.extras = example_extras(examples, algo.group_size)
-    t1 = time.perf_counter()
-    rollout.rewards = torch.tensor(c.reward(rollout.prompts, rollout.completions, **rollout.extras),
-                                   dtype=torch.float32)
-    t2 = time.perf_counter()
-    held = len(c.buffer)
-    c.buffer.add(rollout)
-    batch = c.buffer.take()  # the buffer chooses what is trained on, and in which order
+    timer = PhaseTimer()
+    with timer("generate"):
+        examples = c.task.sample(stage.batch_size)
+        rollout = c.rollout.generate([ex.prompt for ex in examples], c.rollout.default_params(algo.group_size))
+        rollout.extras = example_extras(examples, algo.group_size)
+    with timer("reward"):
+        rollout.rewards = torch.tensor(c.reward(rollout.prompts, rollout.completions, **rollout.extras),
+                                       dtype=torch.float32)
+    with timer("buffer"):
+        held = len(c.buffer)
+        c.buffer.add(rollout)
+        batch = c.buffer.take()  # the buffer chooses what is trained on, and in which order
+        dropped = held + len(rollout) - len(batch) - len(c.buffer)
     if len(batch) % (algo.mini_batches * c.recipe.parallel.dp):
         raise RunError(f"buffer {c.recipe.buffer.name!r} returned {len(batch)} sequences to train on, which "
                        f"algorithm.mini_batches={algo.mini_batches} x parallel.dp={c.recipe.parallel.dp} does not "
                        f"divide; change the buffer's options (e.g. its fraction) or stages.batch_size.")
-    dropped = held + len(rollout) - len(batch) - len(c.buffer)
     mask = batch.response_mask[:, 1:].float()
     request = score_request(c.recipe)
-    scores = trainer.score(batch, request)
+    with timer("score"):
+        scores = trainer.score(batch, request)
     for name in ("old_logprobs", "ref_logprobs", "values"):
         if getattr(request, name) and getattr(scores, name) is None:
             raise RuntimeError(f"{type(trainer).__name__}.score() was asked for {name} and returned None")
     batch.old_logprobs, batch.ref_logprobs, batch.values = scores.old_logprobs, scores.ref_logprobs, scores.values
-    t3 = time.perf_counter()
     kl = None
-    if algo.kl_reward_coef > 0:
-        kl = c.math.kl(batch.old_logprobs, batch.ref_logprobs, algo.kl_reward_estimator, algo.kl_clamp)
-    batch.advantages, batch.returns = c.math.advantages_and_returns(algo, batch.rewards, mask, batch.group_index,
-                                                                    batch.values, kl)
-    t4 = time.perf_counter()
-    row = trainer.update(batch, plan_update(algo, len(batch), lr))
+    with timer("advantages"):
+        if algo.kl_reward_coef > 0:
+            kl = c.math.kl(batch.old_logprobs, batch.ref_logprobs, algo.kl_reward_estimator, algo.kl_clamp)
+        batch.advantages, batch.returns = c.math.advantages_and_returns(algo, batch.rewards, mask, batch.group_index,
+                                                                        batch.values, kl)
+    with timer("train"):
+        row = trainer.update(batch, plan_update(algo, len(batch), lr))
     row["lr"] = lr
-    t5 = time.perf_counter()
-    row.update(trainer.sync_weights(c.rollout))
-    t6 = time.perf_counter()
+    with timer("weight_sync"):
+        row.update(trainer.sync_weights(c.rollout))
     resp_tokens = batch.response_mask.sum(-1).float()
+    generated = rollout.response_mask.sum(-1).float()
     if kl is not None:
         row["kl/reward_mean"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
     if len(batch) != len(rollout) or dropped:  # the buffer selected: the curve stays over what was generated
@@ -124,17 +130,9 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
         M.REWARD_STD: float(rollout.rewards.std()) if len(rollout) > 1 else 0.0,
         "advantages/abs_mean": float((batch.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)),
         "response/length_mean": float(resp_tokens.mean()),
-        M.TOKENS_GENERATED: float(resp_tokens.sum()),
-        M.TIME_GENERATE: t1 - t0,
-        M.TIME_REWARD: t2 - t1,
-        M.TIME_REF: t3 - t2,
-        M.TIME_ADVANTAGES: t4 - t3,
-        M.TIME_TRAIN: t5 - t4,
-        M.TIME_SYNC: t6 - t5,
-        M.TIME_STEP: t6 - t0,
-        M.THROUGHPUT: float(batch.attention_mask.sum()) / (t6 - t0),
+        M.TOKENS_GENERATED: float(generated.sum()),
     })
-    return row
+    return _timed_row(row, float(batch.attention_mask.sum()), timer)
 
 
 STEP_FUNCTIONS = {"sft": sft_step, "cpt": cpt_step, "dpo": _pair_step, "rm": _pair_step, "rl": rl_step}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,38 @@ def load_causal_lm(path: str, dtype: str = "float32") -> Any:
         raise RunError(f"could not load a causal LM from model.path={path!r}: {type(exc).__name__}: {exc}") from exc
 
 
+@contextmanager
+def no_deepspeed_unwrap() -> Iterator[None]:
+    """Fence around ``save_pretrained`` of a plain (unwrapped) module: it stops the save from
+    importing DeepSpeed (0.7 s and its "Setting accelerator to CPU" line) in a process that does
+    not use it.
+
+    transformers 5.10 ``modeling_utils.py:3409`` (``save_pretrained``) always calls
+    ``unwrap_model``, and accelerate 1.16 ``utils/other.py:321-324``
+    (``extract_model_from_parallel``) then does ``from deepspeed import DeepSpeedEngine`` whenever
+    DeepSpeed is installed, only to test ``isinstance``. A module that is not a DeepSpeed engine
+    cannot be one when DeepSpeed was never imported, so while DeepSpeed is not in ``sys.modules``
+    this reports it unavailable to that one check, for the duration of the call, and restores it.
+    ``tests/test_tiny_model.py`` fails when the import no longer happens (the fence can go).
+    """
+    import sys
+
+    if "deepspeed" in sys.modules:  # already loaded (openrlhf): the check costs nothing and may matter
+        yield
+        return
+    try:
+        import accelerate.utils.other as other
+    except ImportError:  # without accelerate, transformers does not reach that check
+        yield
+        return
+    saved = other.is_deepspeed_available
+    other.is_deepspeed_available = lambda: False
+    try:
+        yield
+    finally:
+        other.is_deepspeed_available = saved
+
+
 def save_hf_model(model: Any, tokenizer: Any, path: str | Path) -> None:
     """``save_pretrained`` (safetensors) of model and tokenizer into ``path``, atomically."""
     import shutil
@@ -48,7 +82,8 @@ def save_hf_model(model: Any, tokenizer: Any, path: str | Path) -> None:
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp, safe_serialization=True)
+    with no_deepspeed_unwrap():
+        model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     if final.exists():
         shutil.rmtree(final)

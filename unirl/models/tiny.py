@@ -63,7 +63,10 @@ def build_tiny_model(out_dir: str | Path, *, seed: int, hidden_size: int = 64, i
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+    from unirl.models.loading import no_deepspeed_unwrap
+
+    with no_deepspeed_unwrap():
+        model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     (out / "unirl_tiny.json").write_text(json.dumps({
         "seed": seed, "hidden_size": hidden_size, "intermediate_size": intermediate_size,

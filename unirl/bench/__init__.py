@@ -1,0 +1,1 @@
+"""``unirl bench``: the same recipe on several backends, side by side, phase by phase."""
