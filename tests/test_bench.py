@@ -68,3 +68,30 @@ def test_bench_reports_every_backend_and_refuses_bad_input_first(tmp_path):
     bad = run_cli("bench", "configs/sft_tiny.yaml", "--backends", "native,nope")
     assert bad.returncode == 2 and "no backend named 'nope'" in bad.stderr
     assert run_cli("bench", "configs/sft_tiny.yaml", "--steps", "2", "--warmup", "2").returncode == 2
+
+
+def test_ratios_against_the_baseline_and_unsplit_frameworks():
+    from unirl.bench.runner import ratios
+
+    base = {"hf_generate": 1000.0, "train": 500.0, "loop": 200.0, "kv_decode": 900.0}
+    split = [{M.TIME_STEP: 1.0, M.TIME_GENERATE: 0.4, M.TIME_REF: 0.1, M.TIME_ADVANTAGES: 0.0, M.TIME_TRAIN: 0.4,
+              M.TOKENS_GENERATED: 190.0, M.TOKENS_TRAINED: 190.0}]
+    got = ratios(split, base)
+    assert got == pytest.approx({"step": 0.95, "generate": 0.475, "update": 0.76})
+    trainer_mode = [{M.TIME_STEP: 0.5, M.TIME_TRAIN: 0.5, M.TOKENS_GENERATED: 100.0}]  # TRL's own loop
+    assert ratios(trainer_mode, base) == pytest.approx({"step": 1.0})
+
+
+def test_the_framework_free_baseline_runs_at_the_recipe_shapes(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "b.json"
+    proc = subprocess.run([sys.executable, "-m", "unirl.bench.baselines", "configs/grpo_tiny.yaml",
+                           f"run.dir={tmp_path}", "stages.1.batch_size=4", "--steps", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["sequences"] == 32 and data["steps"] == 2  # 4 prompts x group_size 8
+    assert set(data["tokens_per_s"]) == {"hf_generate", "kv_decode", "train", "loop"}
+    assert all(v > 0 for v in data["tokens_per_s"].values())

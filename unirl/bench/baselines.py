@@ -149,7 +149,7 @@ def measure(recipe: Any, steps: int, warmup: int = 1) -> dict[str, Any]:
     gen, trained = statistics.median(tokens["generated"]), statistics.median(tokens["trained"])
     return {"sequences": n_seq, "micro_batch_size": micro, "steps": steps, "seconds": med,
             "tokens_per_s": {"hf_generate": gen / med["hf_generate"], "kv_decode": gen / med["kv_decode"],
-                             "train": trained / med["train"], "loop": trained / med["loop"]},
+                             "train": trained / med["train"], "loop": gen / med["loop"]},
             "samples": times}
 
 

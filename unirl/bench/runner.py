@@ -198,13 +198,16 @@ def ratios(rows: list[dict[str, Any]], baseline: dict[str, float]) -> dict[str, 
     """A backend's rl throughput over the framework-free loops' (medians; 1.0 = as fast):
     ``generate`` (generated tokens/s of the generate phase vs ``model.generate``), ``update``
     (trained tokens/s of score + advantages + train vs the reference forward + update loop) and
-    ``step`` (trained tokens/s of the whole step vs the whole hand-written loop)."""
-    def med(key_s: Sequence[str], tokens: str) -> float:
-        return statistics.median(r[tokens] / sum(r.get(k, 0.0) for k in key_s) for r in rows)
+    ``step`` (generated tokens/s of the whole step vs the whole hand-written loop). A backend
+    whose framework runs its own loop (trainer mode) splits no phases: ``step`` only."""
+    def med(keys: Sequence[str], tokens: str) -> float:
+        return statistics.median(r[tokens] / sum(r.get(k, 0.0) for k in keys) for r in rows)
 
-    return {"generate": med([M.TIME_GENERATE], M.TOKENS_GENERATED) / baseline["hf_generate"],
-            "update": med([M.TIME_REF, M.TIME_ADVANTAGES, M.TIME_TRAIN], M.TOKENS_TRAINED) / baseline["train"],
-            "step": med([M.TIME_STEP], M.TOKENS_TRAINED) / baseline["loop"]}
+    out = {"step": med([M.TIME_STEP], M.TOKENS_GENERATED) / baseline["loop"]}  # every backend reports it
+    if all(M.TIME_GENERATE in r and M.TIME_REF in r for r in rows):  # a framework's own loop is not split
+        out["generate"] = med([M.TIME_GENERATE], M.TOKENS_GENERATED) / baseline["hf_generate"]
+        out["update"] = med([M.TIME_REF, M.TIME_ADVANTAGES, M.TIME_TRAIN], M.TOKENS_TRAINED) / baseline["train"]
+    return out
 
 
 # ------------------------------------------------------------------------------------------ reports
@@ -256,7 +259,11 @@ def ratio_lines(result: BenchResult) -> list[str]:
     lines = ["", f"Framework-free loops at the rl stage's shapes, tokens/s (median [min-max]): {base}.", "",
              "| backend | generate / model.generate | score+train / plain update | whole step / plain loop |",
              "|---|---|---|---|"]
-    lines += [f"| {b} | {r['generate']:.2f}x | {r['update']:.2f}x | {r['step']:.2f}x |" for b, r in result.ratios.items()]
+    def cell(r: dict[str, float], key: str) -> str:
+        return f"{r[key]:.2f}x" if key in r else "not split"
+
+    lines += [f"| {b} | {cell(r, 'generate')} | {cell(r, 'update')} | {cell(r, 'step')} |"
+              for b, r in result.ratios.items()]
     return lines
 
 
