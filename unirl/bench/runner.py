@@ -18,9 +18,6 @@ from typing import Any
 from unirl import metrics as M
 from unirl.engine.phases import PHASE_METRICS
 
-#: the per-step keys the bench summarises, besides the phases
-STEP_KEYS = (M.TIME_STEP, M.TOKENS_GENERATED, M.TOKENS_TRAINED)
-
 
 @dataclass
 class Stat:

@@ -176,6 +176,28 @@ def rollout_batch(n_groups: int, group_size: int, first_group: int, *, seed: int
                         rewards=torch.rand(n, generator=g))
 
 
+#: The batches each buffer check adds, as ``(n_groups, group_size, first_group, seed)``.
+SELECTION_BATCHES = ((3, 4, 0, 1), (2, 4, 100, 2))
+STATE_BATCHES = ((2, 4, 0, 5), (2, 4, 50, 6))
+
+
+def _batches(specs: Sequence[tuple[int, int, int, int]]) -> list[Any]:
+    return [rollout_batch(n, size, first, seed=seed) for n, size, first, seed in specs]
+
+
+def observed_order(make: Any, specs: Sequence[tuple[int, int, int, int]]) -> Callable[[Any], list[int]]:
+    """The order a buffer selects in, observed on a fresh instance given the batches ``specs``:
+    for a buffer without a declared order, what the checks' buffer must repeat."""
+    def order(held: Any) -> list[int]:
+        fresh = make()
+        for b in _batches(specs):
+            fresh.add(b)
+        index = {c: i for i, c in enumerate(held.completions)}
+        return [index[c] for c in fresh.take().completions]
+
+    return order
+
+
 def _rows(batch: Any) -> dict[str, dict[str, Any]]:
     """Every per-sequence field of ``batch``, by the sequence's name (its completion text)."""
     from dataclasses import fields
@@ -219,7 +241,7 @@ def check_buffer_selection(make: Any, selects: Callable[[Any], list[int]]) -> No
 
     buf = make()
     assert len(buf) == 0, f"a new buffer holds {len(buf)} sequences"
-    batches = [rollout_batch(3, 4, 0, seed=1), rollout_batch(2, 4, 100, seed=2)]
+    batches = _batches(SELECTION_BATCHES)
     for b in batches:
         buf.add(b)
     assert len(buf) == 20, f"after adding 12 and 8 sequences the buffer says it holds {len(buf)}"
@@ -249,7 +271,7 @@ def check_buffer_state(make: Any, selects: Callable[[Any], list[int]]) -> None:
     from unirl.batch import RolloutBatch
 
     buf = make()
-    batches = [rollout_batch(2, 4, 0, seed=5), rollout_batch(2, 4, 50, seed=6)]
+    batches = _batches(STATE_BATCHES)
     for b in batches:
         buf.add(b)
     raw = io.BytesIO()
@@ -309,15 +331,8 @@ def run_component_checks(kind: str, name: str, options: dict[str, Any] | None = 
     elif kind == "task":
         checks.append(("contract", lambda: check_task(make)))
     elif kind == "buffer":
-        def any_order(held: Any) -> list[int]:
-            got = make()
-            for b in (rollout_batch(3, 4, 0, seed=1), rollout_batch(2, 4, 100, seed=2)):
-                got.add(b)
-            index = {c: i for i, c in enumerate(held.completions)}
-            return [index[c] for c in got.take().completions]
-
-        checks += [("selection", lambda: check_buffer_selection(make, any_order)),
-                   ("state", lambda: check_buffer_state(make, _buffer_order(make)))]
+        checks += [("selection", lambda: check_buffer_selection(make, observed_order(make, SELECTION_BATCHES))),
+                   ("state", lambda: check_buffer_state(make, observed_order(make, STATE_BATCHES)))]
     results = []
     for check, fn in checks:
         if progress:
@@ -331,18 +346,6 @@ def run_component_checks(kind: str, name: str, options: dict[str, Any] | None = 
     result.knobs = {kind: name}
     results.append(result)
     return results
-
-
-def _buffer_order(make: Any) -> Callable[[Any], list[int]]:
-    """The order a buffer selects in, observed on a fresh instance: what a restored one must repeat."""
-    def order(held: Any) -> list[int]:
-        fresh = make()
-        for b in (rollout_batch(2, 4, 0, seed=5), rollout_batch(2, 4, 50, seed=6)):
-            fresh.add(b)
-        index = {c: i for i, c in enumerate(held.completions)}
-        return [index[c] for c in fresh.take().completions]
-
-    return order
 
 
 def _as_result(check: str, kind: str, name: str, fn: Callable[[], Any]) -> CheckResult:
