@@ -55,8 +55,9 @@ def test_phases_account_for_the_step_and_a_trace_holds_them(short_overrides, tmp
 
 def test_bench_reports_every_backend_and_refuses_bad_input_first(tmp_path):
     out, md = tmp_path / "b.json", tmp_path / "b.md"
+    png = tmp_path / "b.png"
     proc = run_cli("bench", "configs/sft_tiny.yaml", "--backends", "native", "--steps", "3", "--repeat", "2",
-                   "--json", str(out), "--md", str(md), "--workdir", str(tmp_path / "w"))
+                   "--json", str(out), "--md", str(md), "--plot", str(png), "--workdir", str(tmp_path / "w"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
     (stage,) = data["stages"]
@@ -65,6 +66,8 @@ def test_bench_reports_every_backend_and_refuses_bad_input_first(tmp_path):
     assert stage["step_s"]["low"] <= stage["step_s"]["median"] <= stage["step_s"]["high"]
     assert math.isfinite(data["process_s"]["native"]["median"]) and data["machine"]["torch"]
     assert "| native | sft | 4 |" in md.read_text() and "unirl bench" in proc.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert 0 < stage["mfu"] < 1 and data["roofline"]["flops_per_s"] > 1e9  # MFU against this machine's matmul
     bad = run_cli("bench", "configs/sft_tiny.yaml", "--backends", "native,nope")
     assert bad.returncode == 2 and "no backend named 'nope'" in bad.stderr
     assert run_cli("bench", "configs/sft_tiny.yaml", "--steps", "2", "--warmup", "2").returncode == 2
@@ -80,6 +83,12 @@ def test_ratios_against_the_baseline_and_unsplit_frameworks():
     assert got == pytest.approx({"step": 0.95, "generate": 0.475, "update": 0.76})
     trainer_mode = [{M.TIME_STEP: 0.5, M.TIME_TRAIN: 0.5, M.TOKENS_GENERATED: 100.0}]  # TRL's own loop
     assert ratios(trainer_mode, base) == pytest.approx({"step": 1.0})
+    # with the SFT warm-up: its own ratio, and the whole run: plain seconds for the same tokens over ours
+    base["sft"] = 100.0
+    sft = [{"stage_type": "sft", M.TIME_STEP: 0.5, M.TOKENS_TRAINED: 40.0}]  # 80 tok/s: 0.8x
+    got = ratios([*sft, *({"stage_type": "rl", **r} for r in split)], base)
+    assert got["sft"] == pytest.approx(0.8)
+    assert got["run"] == pytest.approx((40 / 100 + 190 / 200) / (0.5 + 1.0))
 
 
 def test_the_framework_free_baseline_runs_at_the_recipe_shapes(tmp_path):
@@ -93,5 +102,148 @@ def test_the_framework_free_baseline_runs_at_the_recipe_shapes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["sequences"] == 32 and data["steps"] == 2  # 4 prompts x group_size 8
-    assert set(data["tokens_per_s"]) == {"hf_generate", "kv_decode", "train", "loop"}
+    assert set(data["tokens_per_s"]) == {"hf_generate", "kv_decode", "train", "loop", "sft"}  # sft: the warm-up
     assert all(v > 0 for v in data["tokens_per_s"].values())
+
+
+def test_model_flops_match_torch_flop_counter_on_the_tiny_model(tiny_model_dir):
+    """The FLOP formulas (unirl.bench.flops, written out in docs/benchmarks.md) against torch's own
+    FlopCounterMode on a real forward: the matmul part exactly, attention as the causal half."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from unirl.bench.flops import ModelShape
+    from unirl.models.loading import load_causal_lm
+
+    from transformers import AutoModelForCausalLM
+
+    shape = ModelShape.from_dir(tiny_model_dir)
+    model = load_causal_lm(str(tiny_model_dir), "float32")
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert shape.matmul_params == linear  # every projection, the MLP and the LM head; embeddings are lookups
+    batch, length = 3, 10
+    ids = torch.randint(2, 20, (batch, length))
+
+    def counted(m: torch.nn.Module) -> dict[str, int]:
+        with FlopCounterMode(display=False) as counter:
+            m(input_ids=ids)
+        return {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+
+    sdpa = counted(model)  # torch counts no FLOPs for the CPU SDPA kernel: its bmm is the rotary embedding only
+    eager = counted(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), attn_implementation="eager"))
+    tokens = batch * length
+    assert 2 * shape.matmul_params * tokens == sdpa["aten.mm"] + sdpa["aten.addmm"]
+    attention = eager["aten.bmm"] - sdpa["aten.bmm"]  # QK^T and attention x V over the full square
+    ours = shape.forward_flops(tokens, length) - 2 * shape.matmul_params * tokens
+    assert attention == 4 * shape.layers * batch * length ** 2 * shape.q_heads * shape.head_dim
+    assert ours == pytest.approx(attention * (length + 1) / (2 * length))  # causal: the half that is used
+
+
+def test_sweep_fits_growth_exponents_per_phase_and_plots(monkeypatch, tmp_path):
+    """The sweep's fit, on synthetic timings: train grows linearly with batch, generate with the
+    square root, weight sync not at all; the exponents come back per phase, and both plots are PNGs."""
+    from unirl.bench import plot, runner, sweep
+    from unirl.bench.runner import BenchResult, Stat, StageResult
+
+    def fake_bench(recipe, backends, *, overrides, **kw):
+        size = float(next(o for o in overrides if o.startswith("stages.1.batch_size=")).split("=")[1])
+        phases = {"generate": Stat(0.01 * size ** 0.5, 0, 1), "train": Stat(0.002 * size, 0, 1),
+                  "weight_sync": Stat(0.001, 0, 1)}
+        step = Stat(sum(p.median for p in phases.values()), 0, 1)
+        out = BenchResult(recipe, list(backends), 1, 4, 1, {})
+        out.stages = [StageResult("native", "rl", 3, step, phases, 1.0, None, None, None, 0.0)]
+        return out
+
+    monkeypatch.setattr(runner, "bench", fake_bench)
+    axes = sweep.parse_axes(["batch=2,4,8,16"])
+    got = sweep.sweep("configs/grpo_tiny.yaml", ["native"], axes, steps=4, repeat=1, warmup=1, overrides=[],
+                      workdir=tmp_path)
+    k = {f.phase: f.exponent for f in got.fits}
+    assert k["train"] == pytest.approx(1.0) and k["generate"] == pytest.approx(0.5)
+    assert k["weight_sync"] == pytest.approx(0.0, abs=1e-12) and 0.5 < k["step"] < 1.0
+    assert "| native | rl | batch | train | 2: 4, 4: 8, 8: 16, 16: 32 | 1.00 | 1.00 |" in sweep.fit_lines(got)
+    plot.plot_sweep(got, tmp_path / "sweep.png")
+    plot.plot_bench(fake_bench("r", ["native"], overrides=["stages.1.batch_size=4"]), tmp_path / "bench.png")
+    for name in ("sweep.png", "bench.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for bad in (["batch"], ["batch=1"], ["batch=a,b"], ["batch=0,2"]):
+        with pytest.raises(Exception, match="--sweep"):
+            sweep.parse_axes(bad)
+
+
+def test_collectives_of_two_ranks_are_counted_per_call():
+    """profile.collectives: every collective a rank runs inside a counted call, by kind, with its
+    message bytes (the largest tensor argument) and gloo's own time; nothing outside counted calls."""
+    from unirl.distributed.ranks import SpawnedRanks
+
+    ranks = SpawnedRanks(_comm_worker, world=2, name="test", collectives=True)
+    try:
+        ranks.call("talk")  # not counted: setup calls are never profiled
+        assert ranks.counted_call("talk") == [0, 1]
+        ranks.counted_call("talk")
+        got = ranks.take_collectives()
+        assert ranks.take_collectives() == {}  # taken: reset
+        peaks = ranks.peak_memory_bytes()  # each rank process's own peak RSS
+        assert len(peaks) == 2 and all(p > 10 * 2**20 for p in peaks)
+    finally:
+        ranks.close()
+    assert got["comm/all_reduce_calls"] == 2 and got["comm/all_reduce_bytes"] == 2 * 1000 * 4
+    assert got["comm/all_gather_calls"] == 2 and got["comm/all_gather_bytes"] == 2 * 2000 * 4  # the output
+    assert got["comm/broadcast_calls"] == 2 and got["comm/broadcast_bytes"] == 2 * 10 * 8  # int64
+    assert got["comm/time_s"] > 0
+
+
+class _CommWorker:
+    def talk(self) -> int:
+        import torch
+        import torch.distributed as dist
+
+        x = torch.ones(1000)
+        dist.all_reduce(x)
+        out = torch.empty(2000)
+        dist.all_gather_into_tensor(out, x)
+        dist.broadcast(torch.arange(10), 0)
+        return dist.get_rank()
+
+
+def _comm_worker() -> _CommWorker:
+    return _CommWorker()
+
+
+def test_bench_plot_and_sweep_refuse_bad_input_before_any_run():
+    bad = run_cli("bench", "configs/grpo_tiny.yaml", "--sweep", "nope.key=1,2")
+    assert bad.returncode == 2 and "nope" in bad.stderr
+    bad = run_cli("bench", "configs/grpo_tiny.yaml", "--sweep", "batch=3")
+    assert bad.returncode == 2 and "two or more" in bad.stderr
+
+
+def test_a_sweep_from_the_cli_states_growth_exponents(tmp_path):
+    out, md, png = tmp_path / "s.json", tmp_path / "s.md", tmp_path / "s.png"
+    proc = run_cli("bench", "configs/sft_tiny.yaml", "run.threads=1", "--steps", "3", "--repeat", "1", "--sweep",
+                   "batch=2,8", "--json", str(out), "--md", str(md), "--plot", str(png),
+                   "--workdir", str(tmp_path / "w"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    fits = {(f["phase"], f["axis"]): f for f in json.loads(out.read_text())["fits"]}
+    step = fits[("step", "batch")]
+    assert step["sizes"] == [2.0, 8.0] and step["exponent"] is not None and all(s > 0 for s in step["seconds"])
+    assert "| native | sft | batch | step |" in md.read_text() and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_in_process_a_b_pairs_every_measured_step(tiny_model_dir, tmp_path):
+    """unirl.bench.ab: native's steps alternate with the plain loops' in one process; one paired
+    ratio per measured step of each part, all positive; a trainer-mode backend is refused."""
+    from unirl.bench.ab import measure_ab
+
+    recipe = load_recipe("configs/grpo_tiny.yaml", [f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'ab'}",
+                                                    "stages.0.steps=4", "stages.1.steps=4", "stages.1.batch_size=4",
+                                                    "algorithm.group_size=4", "trainer.micro_batch_size=8",
+                                                    "run.threads=1"])
+    got = measure_ab(recipe, steps=4, warmup=1)
+    assert got["pairs"] == {"sft": 3, "generate": 3, "update": 3, "train": 3, "step": 3}
+    assert all(0 < r["low"] <= r["median"] <= r["high"] for r in got["ratios"].values())
+    assert set(got["ratios"]) == {"sft", "generate", "update", "train", "step", "run"}
+    if "trl" in get_plugin_host().registry.names("backend"):
+        trl = load_recipe("configs/grpo_tiny.yaml", [f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'trl'}",
+                                                     "backend=trl"])
+        with pytest.raises(SystemExit, match="trainer mode"):
+            measure_ab(trl, steps=2)

@@ -147,12 +147,15 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    import importlib.util
+    import json
     import tempfile
     from pathlib import Path
 
     from rich.progress import Progress
 
     from unirl.bench.runner import bench, markdown, print_table, write_json
+    from unirl.bench.sweep import axis_overrides, fit_lines, parse_axes, sweep
     from unirl.config import load_recipe
     from unirl.plugin_manager import get_plugin_host
     from unirl.progress import make_console
@@ -165,31 +168,68 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag}={value} must be >= {low}.")
     if args.warmup >= args.steps:
         raise UsageError(f"--warmup={args.warmup} leaves nothing to measure of --steps={args.steps}.")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError(f"--plot {args.plot} needs matplotlib, which is not installed: pip install 'unirl[bench]' "
+                         f"(or drop --plot).")
+    axes = parse_axes(args.sweep or [])
     host = get_plugin_host()
-    for backend in backends:  # every user error before any run starts: exit 2 naming the backend
+    base = load_recipe(args.recipe, args.overrides, host=host)
+    for backend in backends:  # every user error before any run starts: exit 2 naming the backend or key
         load_recipe(args.recipe, [*args.overrides, f"backend={backend}"], host=host)
+        for axis, sizes in axes.items():
+            for size in sizes:
+                load_recipe(args.recipe, [*args.overrides, f"backend={backend}", *axis_overrides(axis, size, base)],
+                            host=host)
     console = make_console()
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="unirl-bench-"))
-    with_baseline = not args.no_baseline and any(st.type == "rl" for st in load_recipe(args.recipe, args.overrides,
-                                                                                       host=host).stages)
+    with_baseline = not axes and not args.no_baseline and any(st.type == "rl" for st in base.stages)
+    points = sum(len(v) for v in axes.values()) or 1
     with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("bench", total=(len(backends) + with_baseline) * args.repeat)
+        task = bar.add_task("bench", total=(len(backends) + with_baseline) * args.repeat * points
+                            + (len(backends) if with_baseline else 0))  # + each engine backend's A/B
 
         def progress(backend: str, event: str, rep: int) -> None:
-            if event == "start":
+            if event == "prepare":  # a framework-only job joins the interleaving
+                bar.update(task, description=f"{backend}: preparing", total=bar.tasks[0].total + args.repeat)
+            elif event == "start":
                 bar.update(task, description=f"{backend} (repetition {rep + 1}/{args.repeat})")
             else:
                 bar.advance(task)
 
-        result = bench(args.recipe, backends, steps=args.steps, repeat=args.repeat, warmup=args.warmup,
-                       overrides=args.overrides, workdir=workdir, baselines=with_baseline, progress=progress)
-    print_table(result, console)
-    for path, write in ((args.json, lambda p: write_json(result, p)), (args.md, lambda p: Path(p).write_text(
-            markdown(result)))):
+        if axes:
+            swept = sweep(args.recipe, backends, axes, steps=args.steps, repeat=args.repeat, warmup=args.warmup,
+                          overrides=args.overrides, workdir=workdir, progress=progress)
+        else:
+            result = bench(args.recipe, backends, steps=args.steps, repeat=args.repeat, warmup=args.warmup,
+                           overrides=args.overrides, workdir=workdir, baselines=with_baseline, progress=progress)
+    if axes:
+        lines = [f"# unirl bench --sweep {' '.join(args.sweep)}: `{args.recipe}`", "",
+                 f"Each axis varied alone; {args.repeat} repetitions x {args.steps} steps per point. Growth exponent "
+                 f"k of seconds ~ c * size^k (0: fixed cost, 1: linear).", "", *fit_lines(swept)]
+        failed = {k: v for p in swept.points for k, v in p["result"]["failed"].items()}
+        console.print("\n".join(lines[2:]), highlight=False, markup=False)
+        outputs = [(args.json, lambda p: Path(p).write_text(json.dumps(swept.to_json(), indent=1))),
+                   (args.md, lambda p: Path(p).write_text("\n".join(lines) + "\n")),
+                   (args.plot, lambda p: _plot("sweep", swept, p))]
+    else:
+        print_table(result, console)
+        failed = result.failed
+        outputs = [(args.json, lambda p: write_json(result, p)),
+                   (args.md, lambda p: Path(p).write_text(markdown(result))),
+                   (args.plot, lambda p: _plot("bench", result, p))]
+    for path, write in outputs:
         if path:
             write(path)
             console.print(f"written: {path}", highlight=False)
-    return 1 if result.failed else 0
+    for backend, why in failed.items():
+        console.print(f"{backend} failed: {why}", highlight=False, markup=False)
+    return 1 if failed else 0
+
+
+def _plot(kind: str, result: object, path: str) -> None:
+    from unirl.bench import plot
+
+    (plot.plot_sweep if kind == "sweep" else plot.plot_bench)(result, path)
 
 
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
@@ -243,6 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the framework-free loops (run for recipes with an rl stage)")
     b.add_argument("--json", metavar="PATH")
     b.add_argument("--md", metavar="PATH", help="a Markdown report")
+    b.add_argument("--plot", metavar="PATH", help="a PNG plot (needs matplotlib: pip install 'unirl[bench]')")
+    b.add_argument("--sweep", nargs="+", metavar="NAME=V1,V2", help="cost as work grows: each axis varied alone "
+                   "(batch, response_len, group, micro_batch, or a recipe key), growth exponents fitted per phase")
     b.add_argument("--workdir", metavar="DIR", help="where the runs go (default: a new temporary folder)")
     b.set_defaults(func=_cmd_bench)
     tiny = sub.add_parser("tiny-model", help="write the tiny random-init Qwen2 model and tokenizer to OUT")

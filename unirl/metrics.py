@@ -48,6 +48,7 @@ TOKENS_TRAINED = "tokens/trained"
 THROUGHPUT = "throughput/tokens_per_s"
 MEMORY_PEAK = "memory/peak_bytes"
 GPU_MEMORY_PEAK = "memory/gpu_peak_bytes"
+MEMORY_RANK_PEAK = "memory/rank_peak_bytes"  # the largest peak RSS of a run's rank processes (parallel.dp > 1)
 
 #: Keys every row of a stage type must carry.
 #: (``kl/mean`` needs a reference: present when a KL coefficient is set; ``loss/value`` with a critic.)
@@ -59,7 +60,7 @@ REQUIRED = {
     "rl": (REWARD_MEAN, LOSS_POLICY, CLIP_FRAC, ENTROPY_MEAN, TIME_GENERATE, TIME_TRAIN, THROUGHPUT,
            TOKENS_GENERATED),
 }
-NONDETERMINISTIC_PREFIXES = ("time/", "throughput/", "memory/")
+NONDETERMINISTIC_PREFIXES = ("time/", "throughput/", "memory/", "comm/")  # comm/: profile.collectives
 
 #: Where a row sits in the run.
 ROW_KEYS = ("stage", "stage_type", "step", "global_step")

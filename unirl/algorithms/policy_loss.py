@@ -17,6 +17,25 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 
+def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor,
+                               mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` and a detached :func:`token_entropy` from one ``log_softmax``, for
+    an entropy that is only logged (not differentiated). With ``mask`` [B, T-1] the entropy is
+    computed at the masked positions only (zero elsewhere): the response tokens, which are all a
+    logged mean looks at, instead of every position over the whole vocabulary."""
+    logp_all = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    logp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        if mask is None:
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        else:
+            keep = mask > 0
+            picked = logp_all[keep]
+            entropy = torch.zeros(keep.shape, dtype=logp_all.dtype, device=logp_all.device)
+            entropy[keep] = -(picked.exp() * picked).sum(-1)
+    return logp, entropy
+
+
 def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, *,
                         clip_low: float, clip_high: float, dual_clip: float | None = None,
                         ) -> tuple[torch.Tensor, torch.Tensor]:

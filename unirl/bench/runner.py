@@ -44,6 +44,11 @@ class StageResult:
     trained_tokens_per_s: Stat | None
     tokens_per_s_per_device: Stat | None  # NeMo-RL's definition: tokens / (step time x devices)
     peak_memory_bytes: float
+    model_flops_per_s: Stat | None = None  # the recipe's useful work (unirl.bench.flops) per second
+    mfu: float | None = None  # median model FLOP/s over the roofline measured in the same bench
+    #: comm/* per step (profile.collectives on multi-rank runs): calls, bytes, time_s
+    comm: dict[str, Stat] = field(default_factory=dict)
+    rank_peak_memory_bytes: float = 0.0  # the largest peak RSS of the rank processes (parallel.dp > 1)
 
 
 @dataclass
@@ -59,8 +64,17 @@ class BenchResult:
     failed: dict[str, str] = field(default_factory=dict)
     #: framework-free loops at the rl stage's shapes (:mod:`unirl.bench.baselines`): tokens/s per loop
     baseline: dict[str, Stat] = field(default_factory=dict)
-    #: backend -> {generate, update, step}: the backend's rl tokens/s over the baseline's (1.0: as fast)
+    #: backend -> {generate, update, step, sft, run}: the backend's tokens/s over the baseline's (1.0: as
+    #: fast), each the median of the repetitions' ratios (a backend's run against the baseline's run of
+    #: the same round, close in time); ``ratio_ranges`` the same with their min-max
     ratios: dict[str, dict[str, float]] = field(default_factory=dict)
+    ratio_ranges: dict[str, dict[str, Stat]] = field(default_factory=dict)
+    #: backend -> the same job through unirl and with its framework alone (:mod:`unirl.bench.direct`)
+    direct: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: dense matmul FLOP/s of this machine in the model's dtype, measured at the bench's start
+    roofline: dict[str, Any] = field(default_factory=dict)
+    #: engine-mode backend -> in-process paired ratios against the plain loops (:mod:`unirl.bench.ab`)
+    ab: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,7 +86,8 @@ def machine_info() -> dict[str, Any]:
     import torch
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
-            "platform": platform.platform(), "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+            "platform": platform.platform(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     from importlib import metadata
 
     for dist in ("transformers", "trl", "verl", "openrlhf", "deepspeed", "accelerate"):
@@ -96,7 +111,17 @@ def run_once(recipe: str, backend: str, overrides: Sequence[str], run_dir: Path)
     return wall, M.read_metrics(run_dir / "metrics.jsonl")
 
 
-def summarise(backend: str, rows: list[dict[str, Any]], warmup: int, devices: int) -> list[StageResult]:
+def sequences_per_step(recipe: Any, stage_type: str) -> int:
+    stage = next(s for s in recipe.stages if s.type == stage_type)
+    if stage_type == "rl":
+        return stage.batch_size * recipe.algorithm.group_size
+    return stage.batch_size * (2 if stage_type in ("dpo", "rm") else 1)
+
+
+def summarise(backend: str, rows: list[dict[str, Any]], warmup: int, devices: int, recipe: Any = None,
+              shape: Any = None, roofline: float | None = None) -> list[StageResult]:
+    from unirl.bench.flops import step_flops
+
     out = []
     for stage_type in dict.fromkeys(r["stage_type"] for r in rows):
         measured = [r for r in rows if r["stage_type"] == stage_type and r["step"] > warmup]
@@ -113,10 +138,33 @@ def summarise(backend: str, rows: list[dict[str, Any]], warmup: int, devices: in
             return Stat.of(values)
 
         tokens_key = M.TOKENS_GENERATED if stage_type == "rl" else M.TOKENS_TRAINED
+        flops = None
+        if shape is not None and recipe is not None:
+            n_seq = sequences_per_step(recipe, stage_type)
+            per_s = [f / r[M.TIME_STEP] for r in measured if (f := step_flops(shape, recipe, r, n_seq)) is not None]
+            flops = Stat.of(per_s)
+        comm_keys = sorted({k for r in measured for k in r if k.startswith("comm/")})
+        comm = {k: Stat.of([r[k] for r in measured if k in r]) for k in comm_keys}
         out.append(StageResult(backend, stage_type, len(measured), Stat.of(step), phases, coverage,
                                rate(M.TOKENS_GENERATED), rate(M.TOKENS_TRAINED), rate(tokens_key, per_device=True),
-                               max(r.get(M.MEMORY_PEAK, 0) for r in measured)))
+                               max(r.get(M.MEMORY_PEAK, 0) for r in measured), flops,
+                               flops.median / (roofline * devices) if flops and roofline else None, comm,
+                               max((r.get(M.MEMORY_RANK_PEAK, 0.0) for r in measured), default=0.0)))
     return out
+
+
+def model_shape(run_dir: Path, recipe: Any) -> Any:
+    """The trained model's shape (:class:`unirl.bench.flops.ModelShape`), or None when its
+    config is not a Llama-family decoder's (no FLOPs, no MFU)."""
+    from unirl.bench.flops import ModelShape
+
+    for where in (run_dir / "model", run_dir / "base_model", Path(str(recipe.model.path or ""))):
+        if (where / "config.json").is_file():
+            try:
+                return ModelShape.from_dir(where)
+            except ValueError:
+                return None
+    return None
 
 
 BASELINE = "baseline"  # the framework-free loops' process, interleaved like a backend
@@ -135,31 +183,53 @@ def run_baseline(recipe: str, overrides: Sequence[str], steps: int, warmup: int,
 
 
 def bench(recipe: str, backends: Sequence[str], *, steps: int, repeat: int, warmup: int, overrides: Sequence[str],
-          workdir: Path, devices: int = 1, baselines: bool = True,
+          workdir: Path, devices: int | None = None, baselines: bool = True,
           progress: Callable[[str, str, int], None] | None = None) -> BenchResult:
     """Every backend ``repeat`` times, interleaved with the framework-free baseline (for recipes
     with an rl stage); every stage cut to ``steps`` steps."""
     from unirl.config import load_recipe
 
     loaded = load_recipe(recipe, list(overrides))
+    devices = devices or loaded.parallel.dp  # ranks of a run (one device each)
     cut = [f"stages.{i}.steps={min(steps, st.steps)}" for i, st in enumerate(loaded.stages)]
+    from unirl.bench.flops import measure_roofline
+
     result = BenchResult(recipe, list(backends), repeat, steps, warmup, machine_info())
+    if loaded.run.threads:
+        import torch
+
+        torch.set_num_threads(loaded.run.threads)  # the runs' own setting: the roofline at their threads
+    result.roofline = measure_roofline(loaded.model.dtype)
+    shapes: dict[str, Any] = {}
     walls: dict[str, list[float]] = {b: [] for b in backends}
     rows: dict[str, list[dict[str, Any]]] = {b: [] for b in backends}
-    rl_rows: dict[str, list[dict[str, Any]]] = {}
-    base_runs: list[dict[str, Any]] = []
+    rep_rows: dict[str, dict[int, list[dict[str, Any]]]] = {b: {} for b in backends}
+    base_runs: dict[int, dict[str, Any]] = {}
     with_baseline = baselines and any(st.type == "rl" for st in loaded.stages)
-    entries = [*backends, *([BASELINE] if with_baseline else [])]
+    directs = (prepare_directs(recipe, loaded, backends, overrides, steps, workdir, result, progress)
+               if baselines else {})
+    entries = [*backends, *([BASELINE] if with_baseline else []), *(f"{b}{DIRECT}" for b in directs)]
+    paired = [b for b in backends if with_baseline and engine_mode(b)]
+    entries += [f"{b}{AB}" for b in paired]
     for rep in range(repeat):
         order = list(entries[rep % len(entries):]) + list(entries[:rep % len(entries)])
         for backend in order:
+            if backend.endswith(AB):
+                if rep == 0:  # once: its ratios are paired step by step, not across runs
+                    run_ab(recipe, backend.removesuffix(AB), [*overrides, *cut], steps, warmup, workdir, result,
+                           progress)
+                continue
+            if backend.endswith(DIRECT):
+                run_direct_pair(backend.removesuffix(DIRECT), directs, rep, result, progress)
+                continue
             if backend == BASELINE:
                 if BASELINE in result.failed:
                     continue
                 if progress:
                     progress(backend, "start", rep)
                 try:
-                    base_runs.append(run_baseline(recipe, overrides, steps, warmup, workdir / f"baseline-{rep}"))
+                    base_runs[rep] = run_baseline(recipe, [*overrides, *cut], steps, warmup,
+                                                  workdir / f"baseline-{rep}")
                 except RuntimeError as exc:
                     result.failed[BASELINE] = str(exc)
                 if progress:
@@ -176,34 +246,153 @@ def bench(recipe: str, backends: Sequence[str], *, steps: int, repeat: int, warm
                 continue
             walls[backend].append(wall)
             rows[backend] += got
+            rep_rows[backend][rep] = [r for r in got if r["stage_type"] in ("rl", "sft") and r["step"] > warmup]
+            shapes.setdefault(backend, model_shape(workdir / f"{backend}-{rep}", loaded))
             if progress:
                 progress(backend, "done", rep)
     for backend in backends:
         if walls[backend]:
             result.process_s[backend] = Stat.of(walls[backend])
-            result.stages += summarise(backend, rows[backend], warmup, devices)
-            if backend_rl := [r for r in rows[backend] if r["stage_type"] == "rl" and r["step"] > warmup]:
-                rl_rows[backend] = backend_rl
+            result.stages += summarise(backend, rows[backend], warmup, devices, loaded, shapes.get(backend),
+                                       result.roofline["flops_per_s"])
+    for name, (_, got) in directs.items():
+        if got.unirl_s and got.direct_s:
+            if got.differ:
+                got.check = ""
+            elif name not in result.failed:
+                got.check = got_check(directs[name][0])
+            result.direct[name] = got.summary()
     if base_runs:
-        result.baseline = {k: Stat.of([b["tokens_per_s"][k] for b in base_runs]) for k in base_runs[0]["tokens_per_s"]}
-        for backend, got in rl_rows.items():
-            result.ratios[backend] = ratios(got, {k: v.median for k, v in result.baseline.items()})
+        first = next(iter(base_runs.values()))
+        result.baseline = {k: Stat.of([b["tokens_per_s"][k] for b in base_runs.values()])
+                           for k in first["tokens_per_s"]}
+        for backend in backends:
+            per_rep = [ratios(got, base_runs[rep]["tokens_per_s"]) for rep, got in rep_rows[backend].items()
+                       if rep in base_runs and any(r["stage_type"] == "rl" for r in got)]
+            if per_rep:
+                stats = {k: Stat.of([r[k] for r in per_rep]) for k in per_rep[0]}
+                result.ratio_ranges[backend] = stats
+                result.ratios[backend] = {k: v.median for k, v in stats.items()}
     return result
 
 
-def ratios(rows: list[dict[str, Any]], baseline: dict[str, float]) -> dict[str, float]:
-    """A backend's rl throughput over the framework-free loops' (medians; 1.0 = as fast):
-    ``generate`` (generated tokens/s of the generate phase vs ``model.generate``), ``update``
-    (trained tokens/s of score + advantages + train vs the reference forward + update loop) and
-    ``step`` (generated tokens/s of the whole step vs the whole hand-written loop). A backend
-    whose framework runs its own loop (trainer mode) splits no phases: ``step`` only."""
-    def med(keys: Sequence[str], tokens: str) -> float:
-        return statistics.median(r[tokens] / sum(r.get(k, 0.0) for k in keys) for r in rows)
+AB = ":ab"  # an entry of the interleaving: a backend's steps alternating with the plain loops' in one process
 
-    out = {"step": med([M.TIME_STEP], M.TOKENS_GENERATED) / baseline["loop"]}  # every backend reports it
-    if all(M.TIME_GENERATE in r and M.TIME_REF in r for r in rows):  # a framework's own loop is not split
-        out["generate"] = med([M.TIME_GENERATE], M.TOKENS_GENERATED) / baseline["hf_generate"]
-        out["update"] = med([M.TIME_REF, M.TIME_ADVANTAGES, M.TIME_TRAIN], M.TOKENS_TRAINED) / baseline["train"]
+
+def engine_mode(backend: str) -> bool:
+    """Whether unirl runs the loop of ``backend`` (so its steps can alternate with the plain loops')."""
+    from unirl.plugin_manager import get_plugin_host
+
+    caps = get_plugin_host().registry.get("backend", backend).capabilities
+    return caps is None or caps.mode != "trainer"
+
+
+def run_ab(recipe: str, backend: str, overrides: Sequence[str], steps: int, warmup: int, workdir: Path,
+           result: BenchResult, progress: Any) -> None:
+    """:mod:`unirl.bench.ab` in a fresh process: the backend's steps and the plain loops' in turn."""
+    run_dir = workdir / f"{backend}-ab"
+    out = run_dir / "ab.json"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if progress:
+        progress(f"{backend}{AB}", "start", 0)
+    proc = subprocess.run([sys.executable, "-m", "unirl.bench.ab", recipe, *overrides, f"backend={backend}",
+                           f"run.dir={run_dir}", "--steps", str(steps), "--warmup", str(warmup), "--json", str(out)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        result.failed[f"{backend}{AB}"] = (proc.stderr or proc.stdout).strip()[-600:]
+    else:
+        result.ab[backend] = json.loads(out.read_text())
+    if progress:
+        progress(f"{backend}{AB}", "done", 0)
+
+
+DIRECT = ":direct"  # an entry of the interleaving: a backend's unirl job and its framework-only job
+
+
+def prepare_directs(recipe: str, loaded: Any, backends: Sequence[str], overrides: Sequence[str], steps: int,
+                    workdir: Path, result: BenchResult, progress: Any) -> dict[str, tuple[Any, Any]]:
+    """Each backend's direct baseline (:mod:`unirl.bench.direct`), prepared once."""
+    from unirl.bench import direct
+    from unirl.components import build_backend
+    from unirl.config import load_recipe
+
+    out = {}
+    for name in backends:
+        recipe_b = load_recipe(recipe, [*overrides, f"backend={name}"])
+        backend = build_backend(recipe_b)
+        if getattr(backend, "direct_baseline", None) is None:
+            continue
+        if progress:
+            progress(f"{name}{DIRECT}", "prepare", 0)
+        try:
+            job = direct.prepare(backend, recipe_b, recipe, overrides, workdir / f"{name}-direct", steps)
+        except (RuntimeError, OSError) as exc:
+            result.failed[f"{name}{DIRECT}"] = str(exc)
+            continue
+        if job is not None:
+            out[name] = (job, direct.DirectResult(job.name, job.steps, [], [], job.differ))
+    return out
+
+
+def run_direct_pair(name: str, directs: dict[str, tuple[Any, Any]], rep: int, result: BenchResult,
+                    progress: Any) -> None:
+    """One repetition of a backend's unirl job and its framework-only job (order alternating)."""
+    from unirl.bench.direct import timed
+
+    key = f"{name}{DIRECT}"
+    if key in result.failed:
+        return
+    job, got = directs[name]
+    if progress:
+        progress(key, "start", rep)
+    try:
+        pair = ("unirl", "direct") if rep % 2 == 0 else ("direct", "unirl")
+        walls = {side: timed(getattr(job, side), job.cwd) for side in pair}
+    except RuntimeError as exc:
+        result.failed[key] = str(exc)
+        return
+    got.unirl_s.append(walls["unirl"])
+    got.direct_s.append(walls["direct"])
+    if progress:
+        progress(key, "done", rep)
+
+
+def got_check(job: Any) -> str:
+    try:
+        return job.check() if job.check is not None else ""
+    except (OSError, ValueError) as exc:
+        return f"could not compare the two jobs' numbers: {exc}"
+
+
+def ratios(rows: list[dict[str, Any]], baseline: dict[str, float]) -> dict[str, float]:
+    """A backend's throughput over the framework-free loops' (medians; 1.0 = as fast), from its
+    measured rows (rl rows, and sft rows when the recipe warms up with SFT):
+
+    - ``generate``: generated tokens/s of the generate phase vs ``model.generate``;
+    - ``update``: trained tokens/s of score + advantages + train vs the reference forward +
+      update loop;
+    - ``step``: generated tokens/s of the whole rl step vs the whole hand-written loop;
+    - ``sft``: trained tokens/s of a supervised step vs the plain SFT loop;
+    - ``run``: every measured step of both stages: the seconds the plain loops take for the
+      backend's tokens over the backend's seconds.
+
+    A backend whose framework runs its own loop (trainer mode) splits no phases: no
+    ``generate`` or ``update``."""
+    rl = [r for r in rows if r.get("stage_type", "rl") == "rl"]
+    sft = [r for r in rows if r.get("stage_type") == "sft"]
+
+    def med(part: list[dict[str, Any]], keys: Sequence[str], tokens: str) -> float:
+        return statistics.median(r[tokens] / sum(r.get(k, 0.0) for k in keys) for r in part)
+
+    out = {"step": med(rl, [M.TIME_STEP], M.TOKENS_GENERATED) / baseline["loop"]}  # every backend reports it
+    if all(M.TIME_GENERATE in r and M.TIME_REF in r for r in rl):  # a framework's own loop is not split
+        out["generate"] = med(rl, [M.TIME_GENERATE], M.TOKENS_GENERATED) / baseline["hf_generate"]
+        out["update"] = med(rl, [M.TIME_REF, M.TIME_ADVANTAGES, M.TIME_TRAIN], M.TOKENS_TRAINED) / baseline["train"]
+    if sft and "sft" in baseline and all(M.TOKENS_TRAINED in r for r in sft):
+        out["sft"] = med(sft, [M.TIME_STEP], M.TOKENS_TRAINED) / baseline["sft"]
+        plain = sum(r[M.TOKENS_TRAINED] for r in sft) / baseline["sft"] + sum(
+            r[M.TOKENS_GENERATED] for r in rl) / baseline["loop"]
+        out["run"] = plain / sum(r[M.TIME_STEP] for r in sft + rl)
     return out
 
 
@@ -224,15 +413,28 @@ def table_rows(result: BenchResult, ranges: bool = True) -> tuple[list[str], lis
 
     _f = functools.partial(_fmt, ranges=ranges)
     phases = [p for p in PHASE_METRICS if any(p in s.phases for s in result.stages)]
+    with_comm = any(s.comm for s in result.stages)
+    with_ranks = any(s.rank_peak_memory_bytes for s in result.stages)
     header = ["backend", "stage", "steps", "step ms", *(f"{p} ms" for p in phases), "phases/step", "gen tok/s",
-              "train tok/s", "tok/s/device", "peak MiB", "process s"]
+              "train tok/s", "tok/s/device", "TFLOP/s", "MFU", "peak MiB", "process s",
+              *(["rank peak MiB"] if with_ranks else []), *(["comm ms", "comm MiB"] if with_comm else [])]
     body = []
     for s in result.stages:
         body.append([s.backend, s.stage_type, str(s.steps), _f(s.step_s, 1e3),
                      *(_f(s.phases.get(p), 1e3) for p in phases), f"{s.phase_coverage:.1%}",
                      _f(s.generated_tokens_per_s), _f(s.trained_tokens_per_s), _f(s.tokens_per_s_per_device),
-                     f"{s.peak_memory_bytes / 2**20:.0f}", _f(result.process_s.get(s.backend))])
+                     _f(s.model_flops_per_s, 1e-12), f"{s.mfu:.2%}" if s.mfu is not None else "-",
+                     f"{s.peak_memory_bytes / 2**20:.0f}", _f(result.process_s.get(s.backend)),
+                     *([f"{s.rank_peak_memory_bytes / 2**20:.0f}" if s.rank_peak_memory_bytes else "-"]
+                       if with_ranks else []),
+                     *([_f(s.comm.get("comm/time_s"), 1e3), comm_mib(s)] if with_comm else [])])
     return header, body
+
+
+def comm_mib(stage: StageResult) -> str:
+    """Median MiB of every collective of a step, summed over kinds (rank 0's)."""
+    total = sum(v.median for k, v in stage.comm.items() if k.endswith("_bytes"))
+    return f"{total / 2**20:.3g}" if stage.comm else "-"
 
 
 def markdown(result: BenchResult) -> str:
@@ -241,12 +443,24 @@ def markdown(result: BenchResult) -> str:
     lines = [f"# unirl bench: `{result.recipe}`", "",
              f"{result.repeat} repetitions per backend (fresh process each, interleaved), {result.steps} steps per "
              f"stage, the first {result.warmup} of each stage not measured. Medians [min-max] over measured steps.",
-             "", f"Machine: {machine}.", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+             "", f"Machine: {machine}.", "", roofline_line(result), "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
     lines += ratio_lines(result)
+    lines += ab_lines(result)
+    lines += direct_lines(result)
     for backend, why in result.failed.items():
         lines.append(f"\n{backend}: failed: {why}")
     return "\n".join(lines) + "\n"
+
+
+def roofline_line(result: BenchResult) -> str:
+    r = result.roofline
+    if not r:
+        return ""
+    return (f"Roofline (measured at the start): {r['flops_per_s'] / 1e12:.3g} TFLOP/s, {r['dtype']} "
+            f"{r['size']}x{r['size']} matmul on {r['device']} ({r['threads']} threads); MFU = model FLOP/s "
+            f"(docs/benchmarks.md) / roofline.")
 
 
 def ratio_lines(result: BenchResult) -> list[str]:
@@ -254,14 +468,59 @@ def ratio_lines(result: BenchResult) -> list[str]:
         return []
     base = ", ".join(f"{k} {_fmt(v)}" for k, v in result.baseline.items())
     lines = ["", f"Framework-free loops at the rl stage's shapes, tokens/s (median [min-max]): {base}.", "",
-             "| backend | generate / model.generate | score+train / plain update | whole step / plain loop |",
-             "|---|---|---|---|"]
-    def cell(r: dict[str, float], key: str) -> str:
-        return f"{r[key]:.2f}x" if key in r else "not split"
+             "Ratios: the median [min-max] over repetitions of a backend's run against the baseline run of the "
+             "same round.", "",
+             "| backend | generate / model.generate | score+train / plain update | rl step / plain loop "
+             "| sft step / plain sft | whole run / plain loops |",
+             "|---|---|---|---|---|---|"]
 
-    lines += [f"| {b} | {cell(r, 'generate')} | {cell(r, 'update')} | {cell(r, 'step')} |"
-              for b, r in result.ratios.items()]
+    def cell(r: dict[str, Stat], key: str) -> str:
+        if key not in r:
+            return "not split" if key in ("generate", "update") else "-"
+        return f"{r[key].median:.2f}x [{r[key].low:.2f}-{r[key].high:.2f}]"
+
+    lines += [f"| {b} | {' | '.join(cell(r, k) for k in ('generate', 'update', 'step', 'sft', 'run'))} |"
+              for b, r in result.ratio_ranges.items()]
     return lines
+
+
+def ab_lines(result: BenchResult) -> list[str]:
+    """The in-process, step-by-step ratios (the robust ones on a noisy machine)."""
+    if not result.ab:
+        return []
+    keys = ("generate", "update", "train", "step", "sft", "run")
+    lines = ["", "In one process, step by step (unirl.bench.ab): the backend's steps alternating with the plain "
+             "loops' on the same prompts; median [min-max] of the paired per-step ratios of tokens/s (run: all "
+             "measured steps together).", "",
+             "| backend | generate / model.generate | score+train / plain update | train / plain policy step "
+             "| rl step / plain loop | sft step / plain sft | whole run / plain loops | pairs |",
+             "|---|---|---|---|---|---|---|---|"]
+    for backend, got in result.ab.items():
+        r = got["ratios"]
+
+        def cell(key: str) -> str:
+            if key not in r:
+                return "-"
+            v = r[key]
+            return f"{v['median']:.2f}x" if key == "run" else f"{v['median']:.2f}x [{v['low']:.2f}-{v['high']:.2f}]"
+
+        lines.append(f"| {backend} | {' | '.join(cell(k) for k in keys)} | {max(got['pairs'].values())} |")
+    return lines
+
+
+def direct_lines(result: BenchResult) -> list[str]:
+    """unirl over each framework called directly on the same job."""
+    lines = []
+    for backend, d in result.direct.items():
+        head = f"unirl+{backend} vs {d['name']} ({d['steps']} steps, whole process, {len(d['unirl_s'])} pairs): "
+        if d["differ"]:
+            lines.append(head + f"not comparable, settings differ: {', '.join(d['differ'])}")
+            continue
+        pairs = sorted(u / p for u, p in zip(d["unirl_s"], d["direct_s"], strict=True))
+        lines.append(head + f"{d['ratio']:.3f}x (median {statistics.median(d['unirl_s']):.2f} s vs "
+                     f"{statistics.median(d['direct_s']):.2f} s; pairs {pairs[0]:.3f}-{pairs[-1]:.3f})"
+                     + (f"; {d['check']}" if d["check"] else ""))
+    return [""] + lines if lines else []
 
 
 def print_table(result: BenchResult, console: Any) -> None:
@@ -274,10 +533,8 @@ def print_table(result: BenchResult, console: Any) -> None:
     for row in body:
         table.add_row(*row)
     console.print(table)
-    for line in ratio_lines(result):
+    for line in [roofline_line(result)] + ratio_lines(result) + ab_lines(result) + direct_lines(result):
         console.print(line, highlight=False, markup=False)
-    for backend, why in result.failed.items():
-        console.print(f"[bold red]{backend} failed:[/] {why}", highlight=False)
 
 
 def write_json(result: BenchResult, path: str | Path) -> None:

@@ -125,6 +125,7 @@ class ProfileSection:
     steps: list[int] = field(default_factory=lambda: [2])  # global steps to trace (1-based)
     nvtx: bool = False  # CUDA: also push each phase as an NVTX range (for Nsight Systems)
     memory: bool = False  # CUDA: write a memory snapshot (torch.cuda.memory) after the traced steps
+    collectives: bool = False  # multi-rank runs: comm/* time and bytes of the collectives of every step
 
 
 @dataclass

@@ -9,7 +9,10 @@ others are then stopped and the call raises :class:`unirl.errors.RunError` namin
 The parent's environment is never changed.
 
 Both answer ``call(method, shards=None, **kwargs) -> [result per rank]``, where ``shards``
-holds one positional argument per rank.
+holds one positional argument per rank. ``counted_call`` is the same for the calls of a step:
+with ``collectives=True`` each rank counts the collectives it runs inside them
+(:mod:`unirl.distributed.comms`; never around model building, which the profiler would
+disturb), and ``take_collectives()`` returns them as ``comm/*`` metrics since the last take.
 """
 
 from __future__ import annotations
@@ -42,6 +45,15 @@ class LocalRanks:
         args = (shards[0],) if shards is not None else ()
         return [getattr(self.worker, method)(*args, **kwargs)]
 
+    def counted_call(self, method: str, shards: list[Any] | None = None, **kwargs: Any) -> list[Any]:
+        return self.call(method, shards, **kwargs)
+
+    def take_collectives(self) -> dict[str, float]:
+        return {}  # one rank: no traffic between ranks
+
+    def peak_memory_bytes(self) -> list[int]:
+        return []  # the rank is the driver's process: its memory is the driver's row
+
     def close(self) -> None:
         self.worker = None
         if self._env is not None:
@@ -50,7 +62,7 @@ class LocalRanks:
 
 
 def _serve(rank: int, world: int, port: int, conn: Any, factory: Callable[..., Any], args: tuple,
-           threads: int) -> None:
+           threads: int, collectives: bool = False) -> None:
     """A rank process: build the worker, then answer calls until told to stop."""
     import signal
 
@@ -72,8 +84,15 @@ def _serve(rank: int, world: int, port: int, conn: Any, factory: Callable[..., A
             return
         if msg[0] == "stop":
             break
-        method, shard, kwargs = msg
+        method, shard, kwargs, count = msg
         try:
+            if collectives and count:
+                from unirl.distributed.comms import CollectiveCounter
+
+                with CollectiveCounter() as counted:
+                    result = getattr(worker, method)(*((shard,) if shard is not None else ()), **kwargs)
+                conn.send(("ok", (result, counted.stats)))
+                continue
             result = getattr(worker, method)(*((shard,) if shard is not None else ()), **kwargs)
             conn.send(("ok", result))
         except BaseException:  # noqa: BLE001
@@ -88,17 +107,19 @@ class SpawnedRanks:
     """``world`` rank processes, one group; the driver is not a member. ``factory`` and ``args``
     must be picklable (a module-level function and plain data)."""
 
-    def __init__(self, factory: Callable[..., Any], *args: Any, world: int, name: str = "trainer") -> None:
+    def __init__(self, factory: Callable[..., Any], *args: Any, world: int, name: str = "trainer",
+                 collectives: bool = False) -> None:
         import multiprocessing as mp
 
-        self.world, self.name = world, name
+        self.world, self.name, self.collectives = world, name, collectives
+        self._comm: list[dict[str, float]] = [{} for _ in range(world)]  # per rank, since the last take
         ctx = mp.get_context("spawn")
         port, threads = free_port(), max(1, (os.cpu_count() or 1) // world)
         self.conns, self.procs = [], []
         for rank in range(world):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_serve, name=f"unirl-{name}-rank{rank}", daemon=True,
-                               args=(rank, world, port, child, factory, args, threads))
+                               args=(rank, world, port, child, factory, args, threads, collectives))
             proc.start()
             child.close()
             self.conns.append(parent)
@@ -127,11 +148,42 @@ class SpawnedRanks:
         return [results[r] for r in range(self.world)]
 
     def call(self, method: str, shards: list[Any] | None = None, **kwargs: Any) -> list[Any]:
+        return self._call(method, shards, kwargs, count=False)
+
+    def counted_call(self, method: str, shards: list[Any] | None = None, **kwargs: Any) -> list[Any]:
+        return self._call(method, shards, kwargs, count=self.collectives)
+
+    def _call(self, method: str, shards: list[Any] | None, kwargs: dict[str, Any], count: bool) -> list[Any]:
         if not self.procs:
             raise RunError(f"the {self.name} ranks were already stopped")
         for rank, conn in enumerate(self.conns):
-            conn.send((method, shards[rank] if shards is not None else None, kwargs))
-        return self._gather(method)
+            conn.send((method, shards[rank] if shards is not None else None, kwargs, count))
+        results = self._gather(method)
+        if not count:
+            return results
+        from unirl.distributed.comms import add
+
+        for rank, (_, stats) in enumerate(results):
+            add(self._comm[rank], stats)
+        return [value for value, _ in results]
+
+    def peak_memory_bytes(self) -> list[int]:
+        """Each rank process's peak resident memory (``VmHWM``; empty where /proc is absent)."""
+        out = []
+        for proc in self.procs:
+            try:
+                status = open(f"/proc/{proc.pid}/status").read()
+            except OSError:
+                return []
+            kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+            out.append(kib * 1024)
+        return out
+
+    def take_collectives(self) -> dict[str, float]:
+        from unirl.distributed.comms import merge_ranks
+
+        out, self._comm = merge_ranks(self._comm), [{} for _ in range(self.world)]
+        return out
 
     def close(self, force: bool = False) -> None:
         for conn in self.conns:
@@ -148,8 +200,10 @@ class SpawnedRanks:
         self.conns, self.procs = [], []
 
 
-def start_ranks(factory: Callable[..., Any], *args: Any, world: int, name: str) -> LocalRanks | SpawnedRanks:
-    """One rank in this process when ``world == 1``, otherwise ``world`` spawned rank processes."""
+def start_ranks(factory: Callable[..., Any], *args: Any, world: int, name: str,
+                collectives: bool = False) -> LocalRanks | SpawnedRanks:
+    """One rank in this process when ``world == 1``, otherwise ``world`` spawned rank processes
+    (``collectives``: count each call's collectives, ``profile.collectives``)."""
     if world == 1:
         return LocalRanks(factory, *args, name=name)
-    return SpawnedRanks(factory, *args, world=world, name=name)
+    return SpawnedRanks(factory, *args, world=world, name=name, collectives=collectives)

@@ -21,21 +21,30 @@ def _pad(tokenizer: Any, rows: list[list[int]], masks: list[list[int]]) -> SFTBa
     )
 
 
-def _prompt_completion(tokenizer: Any, prompt: str, completion: str) -> tuple[list[int], list[int]]:
-    p = tokenizer(prompt, add_special_tokens=False).input_ids
-    c = tokenizer(completion, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-    return p + c, [0] * len(p) + [1] * len(c)
+def _ids(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text, without special tokens, in one batched tokenizer call."""
+    return tokenizer(list(texts), add_special_tokens=False).input_ids if texts else []
+
+
+def _prompt_completion(tokenizer: Any, pairs: Sequence[tuple[str, str]]) -> tuple[list[list[int]], list[list[int]]]:
+    """``prompt + completion + EOS`` ids and their loss masks (completion and EOS) for each pair."""
+    prompts = _ids(tokenizer, [p for p, _ in pairs])
+    completions = _ids(tokenizer, [c for _, c in pairs])
+    eos = tokenizer.eos_token_id
+    rows = [p + c + [eos] for p, c in zip(prompts, completions, strict=True)]
+    masks = [[0] * len(p) + [1] * (len(c) + 1) for p, c in zip(prompts, completions, strict=True)]
+    return rows, masks
 
 
 def sft_batch(tokenizer: Any, examples: Sequence[Example]) -> SFTBatch:
     """``prompt + completion + EOS``; the loss covers completion and EOS only."""
-    rows, masks = zip(*(_prompt_completion(tokenizer, ex.prompt, ex.completion) for ex in examples), strict=True)
-    return _pad(tokenizer, list(rows), list(masks))
+    rows, masks = _prompt_completion(tokenizer, [(ex.prompt, ex.completion) for ex in examples])
+    return _pad(tokenizer, rows, masks)
 
 
 def text_batch(tokenizer: Any, texts: Sequence[str]) -> SFTBatch:
     """Raw text + EOS for continued pretraining; every token is a target."""
-    rows = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in texts]
+    rows = [ids + [tokenizer.eos_token_id] for ids in _ids(tokenizer, texts)]
     return _pad(tokenizer, rows, [[1] * len(r) for r in rows])
 
 
@@ -49,10 +58,9 @@ def require_rejected(examples: Sequence[Example]) -> None:
 def pair_batch(tokenizer: Any, examples: Sequence[Example]) -> PairBatch:
     """Chosen (``completion``) rows, then rejected rows, for the same prompts."""
     require_rejected(examples)
-    chosen = [_prompt_completion(tokenizer, ex.prompt, ex.completion) for ex in examples]
-    rejected = [_prompt_completion(tokenizer, ex.prompt, ex.rejected) for ex in examples]
-    rows, masks = zip(*(chosen + rejected), strict=True)
-    return PairBatch(_pad(tokenizer, list(rows), list(masks)))
+    rows, masks = _prompt_completion(tokenizer, [(ex.prompt, ex.completion) for ex in examples]
+                                     + [(ex.prompt, ex.rejected) for ex in examples])
+    return PairBatch(_pad(tokenizer, rows, masks))
 
 
 def example_extras(examples: Sequence[Example], n: int) -> dict[str, list[Any]]:

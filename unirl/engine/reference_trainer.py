@@ -22,7 +22,7 @@ import torch
 from unirl.algorithms.aggregation import step_normaliser
 from unirl.algorithms.objectives import (dpo_objective, policy_objective, reward_model_objective, sft_objective,
                                          value_objective)
-from unirl.algorithms.policy_loss import sft_token_loss, token_entropy, token_logprobs
+from unirl.algorithms.policy_loss import sft_token_loss, token_entropy, token_logprobs, token_logprobs_and_entropy
 from unirl.batch import PairBatch, RolloutBatch, SFTBatch
 from unirl.config.derived import loss_norm_length
 from unirl.engine.update import run_mini_batches
@@ -189,10 +189,11 @@ class ReferenceTrainer:
         for sl in self.models.micro_batches(len(batch)):
             ids = batch.input_ids[sl]
             logits = self.forward("policy", ids, batch.attention_mask[sl])
-            logp = token_logprobs(logits, ids)
             # the entropy bonus is differentiated; without it entropy is only logged
-            with torch.set_grad_enabled(bool(algo.entropy_coef)):
-                entropy = token_entropy(logits)
+            if algo.entropy_coef:
+                logp, entropy = token_logprobs(logits, ids), token_entropy(logits)
+            else:
+                logp, entropy = token_logprobs_and_entropy(logits, ids, mask[sl])
             # Without stored behaviour log-probs the batch is on-policy: old = current (ratio 1).
             old = batch.old_logprobs[sl] if batch.old_logprobs is not None else logp.detach()
             ref = batch.ref_logprobs[sl] if batch.ref_logprobs is not None else None

@@ -37,9 +37,13 @@ class Components:
     math: AlgorithmMath | None = None
 
 
-def _timed_row(row: dict[str, float], tokens: float, timer: PhaseTimer) -> dict[str, float]:
+def _timed_row(row: dict[str, float], tokens: float, timer: PhaseTimer, trainer: Any) -> dict[str, float]:
     row.update(timer.row())
     row[M.THROUGHPUT] = tokens / row[M.TIME_STEP]
+    # optional: a trainer on several ranks reports their memory and collectives (profile.collectives)
+    rank_metrics = getattr(trainer, "rank_metrics", None)
+    if rank_metrics is not None:
+        row.update(rank_metrics())
     return row
 
 
@@ -50,7 +54,7 @@ def _lm_step(c: Components, stage: Any, lr: float, make_batch: Any, loss_key: st
     with timer("train"):
         row = c.trainer.supervised_step(stage.type, batch, lr)
     row[loss_key] = row.pop("loss/lm")
-    return _timed_row(row, float(batch.attention_mask.sum()), timer)
+    return _timed_row(row, float(batch.attention_mask.sum()), timer, c.trainer)
 
 
 def sft_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
@@ -68,7 +72,7 @@ def _pair_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
         pairs = pair_batch(c.trainer.tokenizer, c.task.sample(stage.batch_size))
     with timer("train"):
         row = c.trainer.supervised_step(stage.type, pairs, lr)
-    return _timed_row(row, float(pairs.sequences.attention_mask.sum()), timer)
+    return _timed_row(row, float(pairs.sequences.attention_mask.sum()), timer, c.trainer)
 
 
 def score_request(recipe: Any) -> ScoreRequest:
@@ -132,7 +136,7 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
         "response/length_mean": float(resp_tokens.mean()),
         M.TOKENS_GENERATED: float(generated.sum()),
     })
-    return _timed_row(row, float(batch.attention_mask.sum()), timer)
+    return _timed_row(row, float(batch.attention_mask.sum()), timer, c.trainer)
 
 
 STEP_FUNCTIONS = {"sft": sft_step, "cpt": cpt_step, "dpo": _pair_step, "rm": _pair_step, "rl": rl_step}

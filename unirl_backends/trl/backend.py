@@ -43,3 +43,9 @@ class TRLBackend:
         from unirl_backends.trl.math import TRLMath
 
         return TRLMath(self.recipe)
+
+    def direct_baseline(self, recipe: Any, recipe_path: str, overrides: list[str], workdir: Any, steps: int) -> Any:
+        """``unirl bench``: the same GRPO job in a plain TRL script (:mod:`unirl_backends.trl.direct`)."""
+        from unirl_backends.trl.direct import direct_baseline
+
+        return direct_baseline(recipe, recipe_path, overrides, workdir, steps)

@@ -43,7 +43,8 @@ class VerlTrainer:
         self.options = options or {}
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.ranks = start_ranks(make_policy_rank, OmegaConf.to_container(self.recipe, resolve=True),
-                                 self.model_path, pad, world=self.recipe.parallel.dp, name="verl")
+                                 self.model_path, pad, world=self.recipe.parallel.dp, name="verl",
+                                 collectives=bool(self.recipe.profile.collectives))
         self.has_reference = False
         self.weights = WeightSync()
 
@@ -64,6 +65,16 @@ class VerlTrainer:
     def close(self) -> None:
         self.ranks.close()
 
+    def rank_metrics(self) -> dict[str, float]:
+        """The ranks' peak memory, and ``comm/*`` of their collectives since the last call
+        (``profile.collectives``)."""
+        from unirl.metrics import MEMORY_RANK_PEAK
+
+        out = self.ranks.take_collectives()
+        if peaks := self.ranks.peak_memory_bytes():
+            out[MEMORY_RANK_PEAK] = float(max(peaks))
+        return out
+
     # ------------------------------------------------------------------ stages
 
     def begin_stage(self, stage_type: str) -> None:
@@ -75,7 +86,7 @@ class VerlTrainer:
         if stage_type not in ("sft", "cpt"):
             raise ConfigError(f"stages.type={stage_type!r}: backend 'verl' runs sft, cpt and rl stages (declared in "
                               f"its capabilities)", key="stages.type", value=stage_type)
-        m = self.ranks.call("lm_step", self._split(batch, ("input_ids", "attention_mask", "loss_mask")), lr=lr)[0]
+        m = self.ranks.counted_call("lm_step", self._split(batch, ("input_ids", "attention_mask", "loss_mask")), lr=lr)[0]
         self.weights.updated()
         return {"loss/lm": m["loss"], "grad/norm": m["grad_norm"], "lr": lr,
                 "tokens/trained": float(batch.loss_mask[:, 1:].sum())}
@@ -86,7 +97,7 @@ class VerlTrainer:
         if request.values:
             raise ConfigError("advantage=gae is declared unsupported on backend 'verl'", key="algorithm.advantage",
                               value="gae")
-        parts = self.ranks.call("score", self._split(batch, ("input_ids", "attention_mask")), old_logprobs=True,
+        parts = self.ranks.counted_call("score", self._split(batch, ("input_ids", "attention_mask")), old_logprobs=True,
                                 ref_logprobs=request.ref_logprobs and self.has_reference)
         ref = torch.cat([p["ref_logprobs"] for p in parts]) if parts[0]["ref_logprobs"] is not None else None
         return Scores(old_logprobs=torch.cat([p["old_logprobs"] for p in parts]), ref_logprobs=ref)
@@ -110,7 +121,7 @@ class VerlTrainer:
                 if self.recipe.algorithm.kl_loss_coef <= 0:
                     shard["ref_logprobs"] = None
                 per_rank[rank].append(shard)
-        m = self.ranks.call("update", per_rank, lr=plan.lr, global_batch_sizes=sizes)[0]
+        m = self.ranks.counted_call("update", per_rank, lr=plan.lr, global_batch_sizes=sizes)[0]
         self.weights.updated()
         row = {"loss/total": m["loss"], "grad/norm": m["grad_norm"], "lr": plan.lr,
                "tokens/trained": tokens / plan.optimizer_steps,
@@ -131,7 +142,7 @@ class VerlTrainer:
     def _assembled_policy(self) -> dict[str, torch.Tensor]:
         """The full policy from every rank's own shards (no collective among the ranks): FSDP2's
         dim-0 shards concatenated in rank order."""
-        parts = self.ranks.call("policy_shards")
+        parts = self.ranks.counted_call("policy_shards")
         return {key: torch.cat([p[key][0] for p in parts]) if sharded else tensor
                 for key, (tensor, sharded) in parts[0].items()}
 

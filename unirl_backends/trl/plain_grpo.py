@@ -1,11 +1,12 @@
 """A plain TRL GRPO script, written the way a TRL user would, with no unirl import.
 
-The overhead benchmark (``benchmarks/trl_overhead.py``) runs it against ``unirl run ...
-backend=trl`` with the same model, prompts, reward rule, seed and steps. Its settings are
-spelled out by hand from TRL's documentation; the benchmark checks they equal the config
-unirl translates from the recipe.
+``unirl bench`` runs it against ``unirl run ... backend=trl`` (the TRL backend's
+``direct_baseline``, :mod:`unirl_backends.trl.direct`) with the same model, prompts, reward
+rule, seed and steps. Its settings are spelled out by hand from TRL's documentation; the bench
+checks they equal the config unirl translates from the recipe. It is run as a file, never
+imported by unirl.
 
-    python benchmarks/plain_trl_grpo.py --model DIR --prompts prompts.jsonl --out DIR --steps N
+    python plain_grpo.py --model DIR --prompts prompts.jsonl --out DIR --steps N
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--micro", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--max-new-tokens", type=int, default=4)
+    parser.add_argument("--beta", type=float, default=0.01)
     parser.add_argument("--dump-config", default=None)
     parser.add_argument("--log-history", default=None, help="write TRL's per-step logs here (JSON)")
     args = parser.parse_args()
@@ -56,15 +60,16 @@ def main() -> None:
     completions = args.batch * args.group
     accumulation = completions // args.micro
     config = GRPOConfig(
-        output_dir=args.out, max_steps=args.steps, learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0,
+        output_dir=args.out, max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0,
         optim="adamw_torch", adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0,
         per_device_train_batch_size=args.micro, gradient_accumulation_steps=accumulation, seed=args.seed,
         data_seed=args.seed, train_sampling_strategy="sequential", logging_steps=1, save_strategy="no",
         report_to="none", bf16=False, fp16=False, gradient_checkpointing=False, use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0, remove_unused_columns=False,
         num_generations=args.group, steps_per_generation=accumulation, num_iterations=1, shuffle_dataset=False,
-        max_completion_length=4, temperature=1.0, top_p=1.0, top_k=0, loss_type="dapo", scale_rewards="group",
-        beta=0.01, use_bias_correction_kl=False, epsilon=0.2, epsilon_high=0.2, entropy_coef=0.0,
+        max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, loss_type="dapo",
+        scale_rewards="group",
+        beta=args.beta, use_bias_correction_kl=False, epsilon=0.2, epsilon_high=0.2, entropy_coef=0.0,
         mask_truncated_completions=False, disable_dropout=False, log_completions=False,
     )
     if args.dump_config:

@@ -1,1 +1,0 @@
-"""Benchmarks: each prints measured ratios; none is a pass/fail timing test."""
