@@ -8,13 +8,21 @@ Layout: ``<run.dir>/checkpoints/step-<global_step:08d>/`` holding
 - ``rng.pt``: torch's CPU generator state (and the CUDA ones when CUDA is in use);
   ``buffer.pt``: the replay buffer;
 - ``state.json``: stage index, step, global step, task data position, rollout state and the
-  number of ``metrics.jsonl`` rows the checkpoint covers. It is written last; a folder is
-  complete only once it has been renamed from its ``.tmp`` name, so a crash mid-write never
-  leaves a checkpoint that ``resume=auto`` would pick.
+  number of ``metrics.jsonl`` rows the checkpoint covers;
+- ``manifest.json``: the sha256 and size of every other file, written last.
+
+Every file is fsynced before the folder is renamed from its ``.tmp`` name, so a crash mid-write
+never leaves a checkpoint that ``resume=auto`` would pick. On resume the manifest is verified:
+a corrupt or partial newest checkpoint is skipped with a warning naming it and the file, and
+the next complete one is used (:func:`find_resumable`). A failed write (a full disk) removes
+its ``.tmp`` folder and raises :class:`CheckpointWriteError` naming the file, the free space and
+the intact previous checkpoint.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import shutil
@@ -28,6 +36,11 @@ from unirl.errors import RunError
 
 _PREFIX = "step-"
 _MODEL_FILE = "model-{}.safetensors"
+MANIFEST = "manifest.json"
+
+
+class CheckpointWriteError(RunError):
+    """Writing a checkpoint failed (disk full, permissions); the previous one is intact."""
 
 
 def torch_rng_state() -> dict[str, Any]:
@@ -72,33 +85,125 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
 def save_checkpoint(run_dir: str | Path, *, global_step: int, trainer_state: dict[str, Any], state: dict[str, Any],
                     buffer_state: dict[str, Any], keep: int) -> Path:
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_PREFIX}{global_step:08d}"
     tmp = root / f"{final.name}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    rest = dict(trainer_state)
-    for name, tensors in rest.pop("models", {}).items():
-        # clone: tied weights share storage, which safetensors refuses to write twice
-        save_file({k: v.detach().clone().contiguous() for k, v in tensors.items()}, str(tmp / _MODEL_FILE.format(name)))
-    torch.save(rest, tmp / "trainer.pt")
-    torch.save(torch_rng_state(), tmp / "rng.pt")
-    torch.save(buffer_state, tmp / "buffer.pt")
-    with open(tmp / "state.json", "w") as fh:
-        json.dump(state, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(root)
-    for old in list_checkpoints(run_dir)[:-keep]:
+    current = tmp
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        rest = dict(trainer_state)
+        written: list[Path] = []
+        for name, tensors in rest.pop("models", {}).items():
+            current = tmp / _MODEL_FILE.format(name)
+            # clone: tied weights share storage, which safetensors refuses to write twice
+            save_file({k: v.detach().clone().contiguous() for k, v in tensors.items()}, str(current))
+            written.append(current)
+        for current, obj in ((tmp / "trainer.pt", rest), (tmp / "rng.pt", torch_rng_state()),
+                             (tmp / "buffer.pt", buffer_state)):
+            torch.save(obj, current)
+            written.append(current)
+        current = tmp / "state.json"
+        current.write_text(json.dumps(state, indent=1))
+        written.append(current)
+        for path in written:
+            _fsync(path)
+        current = tmp / MANIFEST
+        manifest = {"files": {p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in written}}
+        current.write_text(json.dumps(manifest, indent=1))
+        _fsync(current)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except (OSError, RuntimeError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise write_error(run_dir, final, current, exc) from exc
+    good = list_checkpoints(run_dir)  # the one just written is complete: older ones beyond keep can go
+    for old in good[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def write_error(run_dir: str | Path, target: Path, file: Path, exc: BaseException) -> CheckpointWriteError:
+    """The message for a failed checkpoint write: the file, the cause, the free space, what is intact."""
+    try:
+        free = f"{shutil.disk_usage(checkpoint_dir(run_dir)).free / 2**20:.1f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    # torch.save on a full disk raises RuntimeError("... unexpected pos ...") rather than OSError(ENOSPC)
+    full = (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or any(
+        s in str(exc) for s in ("unexpected pos", "No space left"))
+    cause = "the disk is full (No space left on device)" if full else f"{type(exc).__name__}: {exc}"
+    previous = [p for p in list_checkpoints(run_dir) if p != target]
+    kept = (f"the previous checkpoint {previous[-1].name} is intact" if previous
+            else "there is no earlier checkpoint")
+    return CheckpointWriteError(
+        f"writing checkpoint {target.name} failed at {file.name}: {cause} ({free} on the filesystem of "
+        f"{str(checkpoint_dir(run_dir))!r}); {kept} and metrics.jsonl holds every finished step. Free space (or "
+        f"lower checkpoint.keep) and continue with resume=auto.")
+
+
+def find_resumable(run_dir: str | Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint whose files match its manifest, and a sentence for everything in
+    ``checkpoints/`` that is not a usable checkpoint (skipped, never deleted)."""
+    root = checkpoint_dir(run_dir)
+    problems: list[str] = []
+    if not root.is_dir():
+        return None, problems
+    for p in sorted(root.iterdir()):
+        if p.name.endswith(".tmp"):
+            problems.append(f"{p.name}: an unfinished write (the run stopped while saving it)")
+        elif not p.name.startswith(_PREFIX) or not p.name[len(_PREFIX):].isdigit():
+            problems.append(f"{p.name}: not a checkpoint (unirl writes {_PREFIX}NNNNNNNN folders)")
+        elif not p.is_dir():
+            problems.append(f"{p.name}: not a checkpoint folder (a file)")
+        elif not (p / "state.json").is_file():
+            problems.append(f"{p.name}: incomplete (no state.json)")
+    for ckpt in reversed(list_checkpoints(run_dir)):
+        bad = verify(ckpt)
+        if bad is None:
+            return ckpt, problems
+        problems.append(f"{ckpt.name}: {bad}; skipped")
+    return None, problems
+
+
+def verify(ckpt: Path) -> str | None:
+    """None when every file matches the manifest (or the checkpoint predates manifests), else
+    what is wrong."""
+    path = ckpt / MANIFEST
+    if not path.is_file():
+        return None  # written before checksums existed: loading it is the check
+    try:
+        files = json.loads(path.read_text())["files"]
+    except (OSError, ValueError, KeyError) as exc:
+        return f"{MANIFEST} is unreadable ({exc})"
+    for name, entry in files.items():
+        f = ckpt / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != entry["bytes"]:
+            return f"{name} has {f.stat().st_size} bytes, {entry['bytes']} were written (truncated)"
+        if _sha256(f) != entry["sha256"]:
+            return f"{name} does not match its checksum (corrupt)"
+    return None
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

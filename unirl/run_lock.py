@@ -43,7 +43,13 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = _describe(_read(fd))
+            info = _read(fd)
+            for _ in range(40):  # the holder writes who it is just after it takes the lock
+                if info.get("pid"):
+                    break
+                time.sleep(0.05)
+                info = _read(fd)
+            holder = _describe(info)
             os.close(fd)
             raise RunDirInUse(
                 f"run.dir={str(self.path.parent)!r} is in use by {holder}: one run per directory. Wait for it to "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,14 +31,16 @@ def _leaves(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in flatten(OmegaConf.to_container(cfg)).items() if not isinstance(v, (dict, list))}
 
 
-def prepare_run_dir(recipe: Any) -> tuple[Path, Path | None]:
-    """Create or reuse ``run.dir``; return it and the checkpoint to resume from (or None)."""
-    from unirl.checkpoint import latest_checkpoint
+def prepare_run_dir(recipe: Any) -> tuple[Path, Path | None, list[str]]:
+    """Create or reuse ``run.dir``; return it, the checkpoint to resume from (or None) and a
+    sentence for each entry of ``checkpoints/`` that was skipped. Only ``run.overwrite=true``
+    deletes anything: ``resume=auto`` with nothing to resume from refuses (exit 2)."""
+    from unirl.checkpoint import find_resumable
 
     run_dir = Path(recipe.run.dir)
     has_run = run_dir.is_dir() and any((run_dir / name).exists() for name in _OWNED)
     if recipe.resume == "auto" and has_run:
-        ckpt = latest_checkpoint(run_dir)
+        ckpt, problems = find_resumable(run_dir)
         if ckpt is not None:
             saved = OmegaConf.load(run_dir / "config.yaml") if (run_dir / "config.yaml").exists() else None
             if saved is not None:
@@ -49,7 +52,13 @@ def prepare_run_dir(recipe: Any) -> tuple[Path, Path | None]:
                         f"resume=auto: {k}={new.get(k)!r} differs from the run being resumed in {str(run_dir)!r} "
                         f"({k}={old.get(k)!r}; {len(changed)} key(s) differ: {', '.join(changed[:6])}). Resume with "
                         f"the same recipe, or start a new run.dir.", key=k, value=new.get(k))
-            return run_dir, ckpt
+            return run_dir, ckpt, problems
+        if not recipe.run.overwrite:
+            found = f" In checkpoints/: {'; '.join(problems)}." if problems else ""
+            raise ConfigError(
+                f"resume=auto: run.dir={str(run_dir)!r} holds a run but no complete checkpoint to resume from."
+                f"{found} Nothing was changed. Start over with run.overwrite=true (deletes that run), or choose "
+                f"another run.dir.", key="resume", value="auto")
     elif has_run and recipe.resume == "never":
         if not recipe.run.overwrite:
             raise ConfigError(
@@ -63,7 +72,18 @@ def prepare_run_dir(recipe: Any) -> tuple[Path, Path | None]:
         elif target.exists():
             target.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir, None
+    return run_dir, None, []
+
+
+def _bookkeeping(what: str, write: Any) -> None:
+    """Run ``write``; an OS error (a full disk) is printed to stderr naming ``what``, not raised."""
+    if write is None:
+        return
+    try:
+        write()
+    except OSError as exc:
+        print(f"unirl: warning: could not write {what}: {exc.strerror or exc} ({exc.filename or what}); the run's "
+              f"outcome is reported above", file=sys.stderr)
 
 
 class Driver:
@@ -244,6 +264,14 @@ class Driver:
         return lambda: [signal.signal(sig, h) for sig, h in old.items()]
 
     def run(self) -> dict[str, Any]:
+        """The whole run, holding ``run.dir``'s lock (:mod:`unirl.run_lock`) from before anything
+        in it is read or deleted until the end: a second run on the directory exits 2."""
+        from unirl.run_lock import RunLock
+
+        with RunLock(self.recipe.run.dir):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         import torch
 
         from unirl.checkpoint import save_checkpoint
@@ -251,7 +279,9 @@ class Driver:
         recipe = self.recipe
         if recipe.run.threads:
             torch.set_num_threads(recipe.run.threads)
-        run_dir, resume_from = prepare_run_dir(recipe)
+        run_dir, resume_from, skipped = prepare_run_dir(recipe)
+        for problem in skipped:  # reported, never deleted
+            self.console.print(f"[yellow]checkpoints/[/] {problem}", highlight=False)
         from unirl.engine.phases import PhaseTimer
         from unirl.engine.profiling import StepProfiler
 
@@ -268,10 +298,12 @@ class Driver:
         self.current_stage = None
         self._parts = self._trainer = None
         restore_signals = self._install_signal_handlers()
+        restored = resume_from is None  # a resume that fails before restoring keeps the run's record
         try:
             parts = self._build(run_dir)
             if resume_from is not None:
                 state = self._restore(parts, resume_from)
+                restored = True
             writer = M.MetricsWriter(run_dir / "metrics.jsonl", keep_lines=state["metrics_lines"])
 
             def checkpoint() -> Path:
@@ -300,13 +332,17 @@ class Driver:
             self._profiler.close()
             if self._trainer is not None:
                 self._trainer.close()  # a trainer holding processes (data-parallel ranks) stops them
-            if writer is not None:
-                writer.close()
             summary = {"status": status, "global_step": state["global_step"], "stage_index": state["stage_index"],
                        "stage_step": state["stage_step"], "wall_s": round(time.perf_counter() - t_start, 3),
                        "exported": exported,
                        "deviations": [{"key": d.key, "asked": d.asked, "used": d.used, "where": d.where}
                                       for d in self.deviations]}
-            (run_dir / "run.json").write_text(json.dumps(summary, indent=1))
+            # bookkeeping: a failure here (a full disk) is reported, never raised over the run's own error
+            _bookkeeping("metrics.jsonl", writer.close if writer is not None else None)
+            if restored:
+                _bookkeeping("run.json", lambda: (run_dir / "run.json").write_text(json.dumps(summary, indent=1)))
+            else:
+                print(f"unirl: the resume failed before restoring {resume_from.name}: run.json still records the "
+                      f"run as it was", file=sys.stderr)
             self.host.hook.unirl_run_end(run_dir=str(run_dir), status=status)
         return {**summary, "run_dir": str(run_dir)}
