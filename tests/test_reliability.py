@@ -219,3 +219,203 @@ def test_two_cli_runs_started_together_one_runs_one_exits_2(tiny_model_dir, tmp_
     loser = next(o for o in outs if o[0] == 2)
     assert "is in use by process" in " ".join(loser[2].split())
     assert len(read_rows(tmp_path / "r")) == 4
+
+
+def _reward_file(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "my_rewards.py"
+    path.write_text("def judge(prompts, completions, **kw):\n" + body)
+    return f"{path}:judge"
+
+
+def test_a_reward_that_raises_is_named_with_its_file_and_an_example(short_overrides, tmp_path, capsys):
+    fn = _reward_file(tmp_path, "    raise KeyError('score')\n")
+    capsys.readouterr()
+    assert _run([*short_overrides, "reward.name=function", f"reward.function={fn}"]) == 1
+    err = _err(capsys)
+    assert "reward function judge" in err and "my_rewards.py:1" in err and "KeyError" in err
+    assert "prompt '" in err and "completion '" in err
+    assert [r["global_step"] for r in read_rows(tmp_path / "run")] == [1, 2, 3, 4]  # the SFT rows are kept
+
+
+def test_a_reward_that_returns_none_names_the_example(short_overrides, tmp_path, capsys):
+    fn = _reward_file(tmp_path, "    return [None for _ in completions]\n")
+    capsys.readouterr()
+    assert _run([*short_overrides, "reward.name=function", f"reward.function={fn}"]) == 1
+    err = _err(capsys)
+    assert "returned None (NoneType) for prompt" in err and "never None" in err and "my_rewards.py" in err
+
+
+def test_a_reward_module_that_does_not_exist_says_how_to_fix_it(short_overrides, capsys):
+    capsys.readouterr()
+    assert _run([*short_overrides, "reward.name=function", "reward.function=no_such_rewards:acc"]) == 2
+    err = _err(capsys)
+    assert "no module named 'no_such_rewards'" in err and "no_such_rewards.py" in err and "pip install" in err
+
+
+def _text_recipe(tmp_path: Path, text: Path, stage_type: str) -> str:
+    recipe = tmp_path / "text.yaml"
+    name = "prefs" if stage_type == "dpo" else stage_type
+    recipe.write_text(f"task: {{name: text_file, path: {text}}}\n"
+                      f"stages: [{{name: {name}, type: {stage_type}, steps: 2, batch_size: 2}}]\n")
+    return str(recipe)
+
+
+def test_a_preference_stage_on_a_task_without_rejected_completions_fails_at_load(short_overrides, tmp_path, capsys):
+    text = tmp_path / "docs.txt"
+    text.write_text("one line\nanother line\n")
+    capsys.readouterr()
+    code = main(["run", _text_recipe(tmp_path, text, "dpo"), *short_overrides[:2]])
+    assert code == 2
+    err = _err(capsys)
+    assert "stage 'prefs'" in err and "without a rejected completion" in err and "another stage type" in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nothing trained
+
+
+def test_an_empty_text_file_says_what_the_task_needs(short_overrides, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    capsys.readouterr()
+    assert main(["run", _text_recipe(tmp_path, empty, "cpt"), *short_overrides[:2]]) == 2
+    err = _err(capsys)
+    assert "holds no non-empty line" in err and "one document per line" in err
+
+
+def test_a_missing_relative_model_path_is_not_taken_for_a_hub_id(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    capsys.readouterr()
+    assert main(["run", str(DEMO), "model.path=runs/model", f"run.dir={tmp_path / 'r'}"]) == 2
+    err = _err(capsys)
+    assert "there is no folder" in err and "not taken for a hub id" in err
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["run", str(DEMO), "model.path=nobody-here/no-such-model", f"run.dir={tmp_path / 'r'}"]) == 2
+    assert "HF_HUB_OFFLINE is set" in _err(capsys)
+
+
+_CYCLE = ("native", "trl", "openrlhf", "verl")
+
+
+@pytest.mark.parametrize("backend", _CYCLE)
+def test_any_backends_checkpoint_exports_to_hf_and_starts_a_run_on_the_next_backend(backend, tiny_model_dir,
+                                                                                   tmp_path):
+    """`unirl export` of a checkpoint written by each backend: the HF model equals the weights the
+    run itself exported (bit for bit; the export also checks reloaded logits), and it is the
+    model.path of a run on the next backend of the cycle."""
+    from unirl.plugin_manager import get_plugin_host
+
+    installed = [b for b in _CYCLE if b in get_plugin_host().registry.names("backend")]
+    if backend not in installed:
+        pytest.skip(f"backend {backend!r} is not installed")
+    sft = ROOT / "configs" / "sft_tiny.yaml"
+    common = [f"model.path={tiny_model_dir}", "stages.0.steps=2", "stages.0.batch_size=4",
+              "trainer.micro_batch_size=4", "checkpoint.every=1", "run.threads=1"]
+    src = tmp_path / "src"
+    assert main(["run", str(sft), *common, f"backend={backend}", f"run.dir={src}"]) == 0
+    assert main(["export", str(src / "checkpoints" / "step-00000002"), str(tmp_path / "hf")]) == 0
+    a, b = load_file(str(tmp_path / "hf" / "model.safetensors")), load_file(str(src / "model" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    nxt = installed[(installed.index(backend) + 1) % len(installed)]
+    assert main(["run", str(sft), *common[1:], f"model.path={tmp_path / 'hf'}", "stages.0.steps=1",
+                 f"backend={nxt}", f"run.dir={tmp_path / 'next'}"]) == 0
+
+
+def test_export_refuses_what_is_not_a_checkpoint(tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out")]) == 2
+    assert "neither a run directory nor a checkpoint folder" in _err(capsys)
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 2
+    assert "holds no complete checkpoint" in _err(capsys)
+
+
+def _kill_when(args: list[str], ready, env: dict[str, str] | None = None, timeout: float = 300) -> None:
+    """Start ``unirl run ARGS``; SIGKILL it as soon as ``ready()`` is true."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "unirl", "run", *args], cwd=ROOT, env={**child_env(), **(env or {})},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before the kill point: "
+                                 f"{proc.stderr.read()[-1500:]}")
+        assert time.monotonic() < deadline, "the kill point was never reached"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+
+
+def _rows(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.mark.parametrize("backend,where", [("native", "inside a checkpoint write"), ("native", "mid-step"),
+                                           ("trl", "mid-step"), ("openrlhf", "mid-step"), ("verl", "mid-step")])
+def test_sigkill_then_resume_ends_identical_to_an_uninterrupted_run(backend, where, tiny_model_dir, tmp_path):
+    """SIGKILL (no chance to clean up), then resume=auto: the same final weights and metrics rows
+    as a run never interrupted. "inside a checkpoint write": the writer is held half-done (weights
+    written, no state or manifest) when the kill lands."""
+    from unirl.plugin_manager import get_plugin_host
+
+    if backend not in get_plugin_host().registry.names("backend"):
+        pytest.skip(f"backend {backend!r} is not installed")
+    args = [str(DEMO), f"model.path={tiny_model_dir}", "stages.0.steps=3", "stages.1.steps=4", "stages.1.batch_size=2",
+            "algorithm.group_size=4", "trainer.micro_batch_size=8", "checkpoint.every=2", "checkpoint.keep=3",
+            f"backend={backend}", "run.threads=1"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert main(["run", *args, f"run.dir={full}"]) == 0
+    if where == "inside a checkpoint write":
+        _kill_when([*args, f"run.dir={part}"], lambda: (part / "checkpoints" / "step-00000004.tmp").is_dir(),
+                   env={"UNIRL_TEST_CHECKPOINT_PAUSE_S": "30"})
+        assert (part / "checkpoints" / "step-00000004.tmp").is_dir()  # killed inside the write
+    else:
+        _kill_when([*args, f"run.dir={part}"], lambda: _rows(part) >= 5)  # past the checkpoint at 4
+    assert main(["run", *args, f"run.dir={part}", "resume=auto"]) == 0
+    a, b = load_file(str(full / "model" / "model.safetensors")), load_file(str(part / "model" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [M.deterministic_view(r) for r in read_rows(full)] == [M.deterministic_view(r) for r in read_rows(part)]
+
+
+@pytest.mark.parametrize("override", ["trainer.lr=nan", "algorithm.clip_low=inf", "stages.1.lr=-inf"])
+def test_nan_and_inf_anywhere_in_a_recipe_exit_2_naming_the_key(override, tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["run", str(DEMO), override, f"run.dir={tmp_path / 'r'}"]) == 2
+    err = _err(capsys)
+    assert f"{override.split('=')[0]}=" in err and "is not a finite number" in err
+    assert not (tmp_path / "r").exists()  # refused before anything was created
+
+
+def test_non_finite_steps_are_skipped_counted_and_stop_the_run_when_they_persist(short_overrides, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """A NaN gradient (the trainer's optimizer_step refuses it, weights untouched): the step is
+    skipped and counted in the rows and run.json; more than run.max_nonfinite_in_a_row in a row
+    stop the run with exit 1, keeping every finished row."""
+    from unirl.engine.reference_trainer import ReferenceTrainer
+
+    real, calls = ReferenceTrainer.optimizer_step, {"n": 0}
+
+    def flaky(self, name, lr, bad=(3, 4)):
+        calls["n"] += 1
+        if calls["n"] in bad:
+            self.models.steppers[name].zero_grad(set_to_none=True)
+            raise FloatingPointError(f"{name} gradient norm is nan; the step was skipped, weights unchanged")
+        return real(self, name, lr)
+
+    monkeypatch.setattr(ReferenceTrainer, "optimizer_step", flaky)
+    capsys.readouterr()
+    assert _run(short_overrides) == 0
+    rows = read_rows(tmp_path / "run")
+    assert [r["global_step"] for r in rows] == list(range(1, 11))  # every step of the recipe, none lost
+    assert rows[1].get(M.SKIPPED_NONFINITE) is None and rows[2][M.SKIPPED_NONFINITE] == 2.0
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["skipped_nonfinite"] == 2
+    assert "skipped stage 'sft_warmup' step 3" in " ".join(capsys.readouterr().out.split())
+
+    calls["n"] = 0
+    monkeypatch.setattr(ReferenceTrainer, "optimizer_step", lambda self, name, lr: flaky(self, name, lr,
+                                                                                        bad=range(3, 100)))
+    assert _run([*short_overrides, "run.overwrite=true", "run.max_nonfinite_in_a_row=2"]) == 1
+    err = _err(capsys)
+    assert "3 steps in a row had a non-finite loss or gradient" in err and "run.max_nonfinite_in_a_row=2" in err
+    assert [r["global_step"] for r in read_rows(tmp_path / "run")] == [1, 2]

@@ -162,7 +162,8 @@ def test_failing_reward_fails_the_run_with_exit_1(short_overrides, tmp_path, cap
     finally:
         host.unregister_plugin("exploding")
     err = " ".join(capsys.readouterr().err.split())
-    assert "run failed at stage 'grpo' step 1: ValueError: reward server unreachable" in err
+    assert "run failed at stage 'grpo' step 1: reward function" in err
+    assert "raised ValueError: reward server unreachable" in err and "test_run.py" in err  # its file
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "failed"
     assert len(read_rows(tmp_path / "run")) == 4  # the SFT rows survive
     assert (tmp_path / "run" / "checkpoints" / "step-00000004").is_dir()

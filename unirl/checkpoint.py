@@ -85,6 +85,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _test_pause() -> None:
+    """Tests only: ``UNIRL_TEST_CHECKPOINT_PAUSE_S`` holds every checkpoint write half-done for that
+    long (weights written, state and manifest not), so a test can SIGKILL the run inside it."""
+    seconds = os.environ.get("UNIRL_TEST_CHECKPOINT_PAUSE_S")
+    if seconds:
+        import time
+
+        time.sleep(float(seconds))
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -120,6 +130,7 @@ def save_checkpoint(run_dir: str | Path, *, global_step: int, trainer_state: dic
                              (tmp / "buffer.pt", buffer_state)):
             torch.save(obj, current)
             written.append(current)
+        _test_pause()
         current = tmp / "state.json"
         current.write_text(json.dumps(state, indent=1))
         written.append(current)

@@ -232,6 +232,15 @@ def _plot(kind: str, result: object, path: str) -> None:
     (plot.plot_sweep if kind == "sweep" else plot.plot_bench)(result, path)
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from unirl.export import export_checkpoint
+
+    got = export_checkpoint(args.source, args.out)
+    print(f"exported the policy of {got['checkpoint']} -> {got['out']} (Hugging Face format; reloaded logits equal "
+          f"to the checkpoint's: max difference {got['max_logit_diff']})")
+    return 0
+
+
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
     from unirl.models.tiny import build_tiny_model
 
@@ -288,6 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "(batch, response_len, group, micro_batch, or a recipe key), growth exponents fitted per phase")
     b.add_argument("--workdir", metavar="DIR", help="where the runs go (default: a new temporary folder)")
     b.set_defaults(func=_cmd_bench)
+    exp = sub.add_parser("export", help="a checkpoint's policy (any backend) as a Hugging Face model directory",
+                         description="Export the policy of SOURCE (a run directory: its newest verified "
+                                     "checkpoint; or a checkpoint folder) to OUT with save_pretrained, verified by "
+                                     "equal logits.")
+    exp.add_argument("source", metavar="RUN_DIR|CHECKPOINT")
+    exp.add_argument("out")
+    exp.set_defaults(func=_cmd_export)
     tiny = sub.add_parser("tiny-model", help="write the tiny random-init Qwen2 model and tokenizer to OUT")
     tiny.add_argument("out")
     tiny.add_argument("--seed", type=int, default=0)

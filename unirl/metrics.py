@@ -48,6 +48,7 @@ TOKENS_TRAINED = "tokens/trained"
 THROUGHPUT = "throughput/tokens_per_s"
 MEMORY_PEAK = "memory/peak_bytes"
 GPU_MEMORY_PEAK = "memory/gpu_peak_bytes"
+SKIPPED_NONFINITE = "steps/skipped_nonfinite"  # steps skipped so far for a non-finite loss or gradient (engine mode)
 MEMORY_RANK_PEAK = "memory/rank_peak_bytes"  # the largest peak RSS of a run's rank processes (parallel.dp > 1)
 
 #: Keys every row of a stage type must carry.

@@ -211,7 +211,19 @@ def _at_least(key: str, value: Any, low: float, *, strict: bool = False) -> None
                           key=key, value=value)
 
 
+def _check_finite(cfg: Any) -> None:
+    """Every number of the recipe (component options and backend options included) is finite:
+    ``nan`` and ``inf`` pass every range check by comparing false, so they are refused here."""
+    import math
+
+    for key, value in flatten(OmegaConf.to_container(cfg)).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value!r} is not a finite number: every number in a recipe must be finite.",
+                              key=key, value=value)
+
+
 def _check_values(cfg: Any) -> None:
+    _check_finite(cfg)
     a = cfg.algorithm
     _one_of("resume", cfg.resume, choices.RESUME)
     _one_of("model.dtype", cfg.model.dtype, choices.DTYPES)
@@ -242,6 +254,7 @@ def _check_values(cfg: Any) -> None:
         raise ConfigError(f"algorithm.label_smoothing={a.label_smoothing!r} is out of range: it must be in "
                           f"[0, 0.5).", key="algorithm.label_smoothing", value=a.label_smoothing)
     _at_least("checkpoint.every", cfg.checkpoint.every, 0)
+    _at_least("run.max_nonfinite_in_a_row", cfg.run.max_nonfinite_in_a_row, 0)
     _at_least("checkpoint.keep", cfg.checkpoint.keep, 1)
     _at_least("run.stop_after", cfg.run.stop_after, 1)
     _at_least("run.log_every", cfg.run.log_every, 1)
@@ -363,6 +376,15 @@ def _looks_like_hub_id(path: str) -> bool:
     return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", path)) and not path.startswith((".", "~"))
 
 
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether the Hugging Face cache holds ``repo_id``'s config (usable offline)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
 def _check_model_path(cfg: Any) -> None:
     path = cfg.model.path
     if path is None:
@@ -377,6 +399,16 @@ def _check_model_path(cfg: Any) -> None:
     if local.exists() or not _looks_like_hub_id(path):
         raise ConfigError(f"model.path={path!r} does not exist. Give a local Hugging Face model directory, "
                           f"a hub id such as Qwen/Qwen2.5-0.5B, or model.path=null to build the tiny model.",
+                          key="model.path", value=path)
+    first = Path(path.split("/")[0])
+    if first.is_dir():  # "runs/model" with a local runs/ folder: a missing local path, not a hub id
+        raise ConfigError(f"model.path={path!r}: there is no folder {str(local.resolve())!r} (its parent "
+                          f"{str(first)!r} exists here, so this is not taken for a hub id). Check the path, e.g. "
+                          f"the model/ folder of a finished run, or give an absolute path.", key="model.path",
+                          value=path)
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") and not _in_hub_cache(path):
+        raise ConfigError(f"model.path={path!r} is neither a local folder nor reachable: HF_HUB_OFFLINE is set, so "
+                          f"the hub is not asked. Download the model first, or give its local folder.",
                           key="model.path", value=path)
 
 

@@ -22,6 +22,9 @@ class RunSection:
     log_every: int = 10  # steps between progress lines when stdout is not a terminal
     threads: Optional[int] = None  # torch intra-op threads (None: torch's default)
     strict: bool = False  # refuse a recipe value the backend can only approximate (see Capabilities.fixed)
+    # a step whose loss or gradient is not finite is skipped (weights and optimizer untouched) and
+    # counted (steps/skipped_nonfinite); more than this many in a row stop the run (exit 1)
+    max_nonfinite_in_a_row: int = 3
 
 
 @dataclass

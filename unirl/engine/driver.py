@@ -18,10 +18,11 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from unirl import metrics as M
-from unirl.errors import ConfigError, RunError, UnirlError
+from unirl.errors import ConfigError, PluginLoadError, RunError, UsageError
 
 #: Keys that may differ between a run and its resumption (they steer the process, not the math).
-RESUME_FREE_KEYS = {"resume", "run.stop_after", "run.overwrite", "run.log_every", "run.threads"}
+RESUME_FREE_KEYS = {"resume", "run.stop_after", "run.overwrite", "run.log_every", "run.threads",
+                    "run.max_nonfinite_in_a_row"}
 _OWNED = ("config.yaml", "metrics.jsonl", "checkpoints", "model", "critic", "reward_model", "base_model", "run.json")
 
 
@@ -75,6 +76,32 @@ def prepare_run_dir(recipe: Any) -> tuple[Path, Path | None, list[str]]:
     return run_dir, None, []
 
 
+def check_stage_data(recipe: Any, run_dir: Path) -> None:
+    """What each stage needs of the task's examples, checked on a few examples of a probe task
+    (its own instance: the run's data position is untouched): preference stages need a
+    rejected completion."""
+    from unirl.components import build_component
+    from unirl.protocols import BuildContext
+
+    pair_stages = [st for st in recipe.stages if st.type in ("dpo", "rm")]
+    if not pair_stages:
+        return
+    try:
+        probe = build_component(recipe, "task", "task", BuildContext(recipe=recipe, run_dir=str(run_dir),
+                                                                      model_path=""))
+        examples = probe.sample(min(4, pair_stages[0].batch_size))
+    except Exception:  # noqa: BLE001 - a task that needs the built parts is checked when the stage runs
+        return
+    missing = next((ex for ex in examples if ex.rejected is None), None)
+    if missing is not None:
+        st = pair_stages[0]
+        raise ConfigError(
+            f"stages.{list(recipe.stages).index(st)}.type={st.type!r} (stage {st.name!r}) trains on preference pairs, "
+            f"but task {recipe.task.name!r} gives examples without a rejected completion (e.g. prompt "
+            f"{missing.prompt!r}). Use a task with chosen and rejected completions, or another stage type.",
+            key="stages.type", value=st.type)
+
+
 def _bookkeeping(what: str, write: Any) -> None:
     """Run ``write``; an OS error (a full disk) is printed to stderr naming ``what``, not raised."""
     if write is None:
@@ -110,6 +137,7 @@ class Driver:
         from unirl.rewards import adapt_reward_fn
 
         recipe, registry = self.recipe, self.host.registry
+        check_stage_data(recipe, run_dir)  # before any model is built: exit 2 on data a stage cannot use
         model_path = ensure_base_model(recipe, run_dir, self.console)
         ctx = BuildContext(recipe=recipe, run_dir=str(run_dir), model_path=model_path,
                            tokenizer=load_tokenizer(model_path))
@@ -192,7 +220,15 @@ class Driver:
                 else:
                     while not outcome:
                         self._profiler.before(state["global_step"] + 1)
-                        row = STEP_FUNCTIONS[stage.type](parts, stage, lr)
+                        try:
+                            row = STEP_FUNCTIONS[stage.type](parts, stage, lr)
+                        except FloatingPointError as exc:  # the trainer left weights and optimizer untouched
+                            self._profiler.after(state["global_step"] + 1)
+                            self._skip_nonfinite(stage, state, exc)
+                            continue
+                        state["nonfinite_in_a_row"] = 0
+                        if state.get("nonfinite_skipped"):
+                            row[M.SKIPPED_NONFINITE] = float(state["nonfinite_skipped"])
                         self._profiler.after(state["global_step"] + 1)
                         result = self._after_step(stage, row, state, writer, bar, checkpoint)
                         if result is not None:
@@ -202,6 +238,21 @@ class Driver:
             if outcome[0] != "next_stage":
                 return outcome[0]
         return "completed"
+
+    def _skip_nonfinite(self, stage: Any, state: dict[str, Any], exc: FloatingPointError) -> None:
+        """A step with a non-finite loss or gradient: skipped and counted; more than
+        ``run.max_nonfinite_in_a_row`` in a row stop the run."""
+        state["nonfinite_skipped"] = state.get("nonfinite_skipped", 0) + 1
+        state["nonfinite_in_a_row"] = state.get("nonfinite_in_a_row", 0) + 1
+        limit = self.recipe.run.max_nonfinite_in_a_row
+        where = f"stage {stage.name!r} step {state['stage_step'] + 1}"
+        if state["nonfinite_in_a_row"] > limit:
+            raise RunError(f"{state['nonfinite_in_a_row']} steps in a row had a non-finite loss or gradient (the last "
+                           f"at {where}: {exc}); run.max_nonfinite_in_a_row={limit}. The weights are those of the "
+                           f"last good step. Lower the learning rate (or check the data and reward), then continue "
+                           f"with resume=auto.")
+        self.console.print(f"[yellow]skipped[/] {where}: {exc} ({state['nonfinite_in_a_row']} in a row, "
+                           f"{state['nonfinite_skipped']} in all)", highlight=False)
 
     def _after_step(self, stage: Any, row: dict[str, float], state: dict[str, Any], writer: M.MetricsWriter,
                     bar: Any, checkpoint: Any) -> str | None:
@@ -320,8 +371,13 @@ class Driver:
         except KeyboardInterrupt:
             status = "interrupted"
             raise
-        except UnirlError:
+        except (UsageError, PluginLoadError):
             raise
+        except RunError as exc:  # said by unirl on purpose (a reward, a checkpoint write): add where it happened
+            stage = self.current_stage
+            if stage is None:
+                raise
+            raise RunError(f"run failed at stage {stage.name!r} step {state['stage_step'] + 1}: {exc}") from exc
         except Exception as exc:
             stage = self.current_stage
             where = f"stage {stage.name!r} step {state['stage_step'] + 1}" if stage is not None else "start-up"
@@ -334,6 +390,7 @@ class Driver:
                 self._trainer.close()  # a trainer holding processes (data-parallel ranks) stops them
             summary = {"status": status, "global_step": state["global_step"], "stage_index": state["stage_index"],
                        "stage_step": state["stage_step"], "wall_s": round(time.perf_counter() - t_start, 3),
+                       "skipped_nonfinite": state.get("nonfinite_skipped", 0),
                        "exported": exported,
                        "deviations": [{"key": d.key, "asked": d.asked, "used": d.used, "where": d.where}
                                       for d in self.deviations]}

@@ -34,6 +34,17 @@ def _is_verl_style(fn: Callable[..., Any]) -> bool:
     return all(p in params for p in VERL_PARAMS)
 
 
+def _where(fn: Any) -> str:
+    """``file:line`` of a reward function (or of its class), for error messages."""
+    import inspect
+
+    target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn)
+    try:
+        return f"{inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]}"
+    except (TypeError, OSError):
+        return getattr(target, "__module__", "?")
+
+
 def adapt_reward_fn(fn: Callable[..., Any], *, data_source: str = "unirl") -> Callable[..., list[float]]:
     """Return ``fn`` as a TRL-style batch reward function that checks its output."""
     if _is_verl_style(fn):
@@ -48,14 +59,25 @@ def adapt_reward_fn(fn: Callable[..., Any], *, data_source: str = "unirl") -> Ca
     else:
         batch_fn = fn
 
-    name = getattr(fn, "__qualname__", type(fn).__name__)
+    name = f"{getattr(fn, '__qualname__', type(fn).__name__)} ({_where(fn)})"
     declared = getattr(fn, "reward_range", None)  # (low, high), declared by the reward; None: any finite float
 
     def checked(prompts: Sequence[str], completions: Sequence[str], **kwargs: Any) -> list[float]:
-        values = list(batch_fn(prompts, completions, **kwargs))
+        try:
+            values = list(batch_fn(prompts, completions, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the function and the batch
+            first = f"prompt {prompts[0]!r}, completion {completions[0]!r}" if completions else "no completions"
+            raise RunError(f"reward function {name} raised {type(exc).__name__}: {exc} on a batch of "
+                           f"{len(completions)} completions (the first: {first}). Fix the function; the "
+                           f"traceback above shows the line.") from exc
         if len(values) != len(completions):
             raise RunError(f"reward function {name} returned {len(values)} rewards for {len(completions)} "
                            f"completions; it must return one float per completion.")
+        for i, v in enumerate(values):
+            if not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
+                raise RunError(f"reward function {name} returned {v!r} ({type(v).__name__}) for prompt "
+                               f"{prompts[i]!r}, completion {completions[i]!r}; it must return a float for every "
+                               f"completion (0.0 for a wrong one), never None.")
         floats = [float(v) for v in values]
         bad = [v for v in floats if not math.isfinite(v)]
         if bad:
@@ -106,9 +128,17 @@ def load_function_reward(config: FunctionRewardConfig, ctx: Any = None) -> Calla
             if os.getcwd() not in sys.path:  # modules next to the recipe, as with `python -m`
                 sys.path.insert(0, os.getcwd())
             module = importlib.import_module(target)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"reward.function={config.function!r}: no module named {exc.name!r} (looked in the "
+                          f"current directory and the installed packages). Run from the folder that holds "
+                          f"{target.replace('.', '/')}.py, give the file instead ('path/to/{target.split('.')[-1]}.py:"
+                          f"{attr}'), or pip install the package that provides it.", key="reward.function",
+                          value=config.function) from exc
     except Exception as exc:  # noqa: BLE001
         raise ConfigError(f"reward.function={config.function!r}: importing {target!r} failed: "
-                          f"{type(exc).__name__}: {exc}", key="reward.function", value=config.function) from exc
+                          f"{type(exc).__name__}: {exc}. Fix the module (the traceback above shows where), or "
+                          f"point reward.function at another one.", key="reward.function",
+                          value=config.function) from exc
     fn = getattr(module, attr, None)
     if not callable(fn):
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]

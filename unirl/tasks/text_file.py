@@ -31,7 +31,9 @@ class TextFileTask:
     def __init__(self, config: TextFileTaskConfig, ctx: Any) -> None:
         self.lines = [ln.strip() for ln in Path(config.path).read_text(encoding="utf-8").splitlines() if ln.strip()]
         if not self.lines:
-            raise ConfigError(f"task.path={config.path!r} holds no non-empty line.", key="task.path", value=config.path)
+            raise ConfigError(f"task.path={config.path!r} holds no non-empty line: the task needs one document "
+                              f"per line. Point task.path at a UTF-8 text file with at least one line of text.",
+                              key="task.path", value=config.path)
         self._rng = random.Random(ctx.recipe.seed)
 
     def sample(self, n: int) -> list[Example]:
