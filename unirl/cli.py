@@ -154,7 +154,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     from rich.progress import Progress
 
-    from unirl.bench.runner import bench, markdown, print_table, write_json
+    from unirl.bench.runner import bench, engine_mode, markdown, print_table, write_json
     from unirl.bench.sweep import axis_overrides, fit_lines, parse_axes, sweep
     from unirl.config import load_recipe
     from unirl.plugin_manager import get_plugin_host
@@ -185,8 +185,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     with_baseline = not axes and not args.no_baseline and any(st.type == "rl" for st in base.stages)
     points = sum(len(v) for v in axes.values()) or 1
     with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("bench", total=(len(backends) + with_baseline) * args.repeat * points
-                            + (len(backends) if with_baseline else 0))  # + each engine backend's A/B
+        paired = sum(engine_mode(b) for b in backends) if with_baseline else 0  # each engine backend's A/B, once
+        task = bar.add_task("bench", total=(len(backends) + with_baseline) * args.repeat * points + paired)
 
         def progress(backend: str, event: str, rep: int) -> None:
             if event == "prepare":  # a framework-only job joins the interleaving

@@ -7,19 +7,9 @@
 # Results (bench.json, bench.md, bench.png, the runs) go to $OUT (default /tmp/unirl-gpu-bench).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-PY="${PYTHON:-.venv/bin/python}"
-[ -x "$PY" ] || PY=python3
-out="${OUT:-/tmp/unirl-gpu-bench}"
-mkdir -p "$out"
-"$PY" - <<'PY'
-import torch
-assert torch.cuda.is_available(), "no CUDA device visible: this script is for a GPU machine"
-print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}")
-PY
+source scripts/gpu/common.sh
+gpu_setup bench
 backends="${BACKENDS:-native,trl,verl,openrlhf}"
-model_args=(model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_layers=24
-            model.tiny.num_heads=14 model.tiny.num_kv_heads=2 model.tiny.max_position_embeddings=512)
-[ -n "${QWEN05B_PATH:-}" ] && model_args=("model.path=$QWEN05B_PATH")
 common=("${model_args[@]}" model.dtype=bfloat16 trainer.micro_batch_size=32 rollout.max_new_tokens=64
         'stages=[{name: sft, type: sft, steps: 8, batch_size: 32}, {name: grpo, type: rl, steps: 8, batch_size: 16, lr: 1.0e-6}]')
 echo "== unirl bench: $backends, Qwen2.5-0.5B shape, bfloat16"

@@ -11,15 +11,8 @@
 # $OUT (default /tmp/unirl-gpu-openrlhf): metrics, OpenRLHF's logs and summary.txt.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-PY="${PYTHON:-.venv/bin/python}"
-[ -x "$PY" ] || PY=python3
-out="${OUT:-/tmp/unirl-gpu-openrlhf}"
-mkdir -p "$out"
-"$PY" - <<'PY' | tee "$out/summary.txt"
-import torch, deepspeed
-assert torch.cuda.is_available(), "no CUDA device visible: this script is for a GPU machine"
-print(f"device: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}; deepspeed {deepspeed.__version__}")
-PY
+source scripts/gpu/common.sh
+gpu_setup openrlhf deepspeed
 echo "== 1. engine mode on CUDA, ZeRO-2"
 "$PY" -m unirl run configs/grpo_tiny.yaml backend=openrlhf backend_options.zero_stage=2 run.dir="$out/grpo" \
   run.overwrite=true | tail -n 2 | tee -a "$out/summary.txt"

@@ -8,27 +8,8 @@
 # Results (metrics, run.json, a summary) go to $OUT (default /tmp/unirl-gpu-trl).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-PY="${PYTHON:-.venv/bin/python}"
-[ -x "$PY" ] || PY=python3
-out="${OUT:-/tmp/unirl-gpu-trl}"
-mkdir -p "$out"
-"$PY" - <<'PY'
-import torch, trl
-assert torch.cuda.is_available(), "no CUDA device visible: this script is for a GPU machine"
-print(f"device: {torch.cuda.get_device_name(0)}; torch {torch.__version__}; trl {trl.__version__}")
-PY
-summary() {  # run dir, stage name
-  "$PY" - "$1" "$2" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl")]
-rl = [r for r in rows if r["stage"] == sys.argv[2]]
-k = max(1, len(rl) // 10)
-mean = lambda xs, key: sum(r[key] for r in xs) / len(xs)
-print(f"{sys.argv[1]}: {len(rl)} rl steps; reward/mean first 10% {mean(rl[:k], 'reward/mean'):.3f} -> last 10% "
-      f"{mean(rl[-k:], 'reward/mean'):.3f}; {mean(rl, 'time/step_s'):.3f} s/step; "
-      f"peak GPU memory {max(r.get('memory/gpu_peak_bytes', 0) for r in rl) / 2**30:.2f} GiB")
-PY
-}
+source scripts/gpu/common.sh
+gpu_setup trl trl
 echo "== 1. tiny GRPO demo, backend=trl, CUDA"
 "$PY" -m unirl run configs/grpo_tiny.yaml backend=trl backend_options.device=cuda run.dir="$out/tiny" \
   run.overwrite=true | tail -n 3
@@ -42,9 +23,6 @@ else
   echo "== 2. skipped: the vllm package is not installed" | tee -a "$out/summary.txt"
 fi
 echo "== 3. Qwen2.5-0.5B-size model, 20 GRPO steps, bfloat16"
-model_args=(model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_layers=24
-            model.tiny.num_heads=14 model.tiny.num_kv_heads=2 model.tiny.max_position_embeddings=512)
-[ -n "${QWEN05B_PATH:-}" ] && model_args=("model.path=$QWEN05B_PATH")
 "$PY" -m unirl run configs/grpo_tiny.yaml backend=trl backend_options.device=cuda "${model_args[@]}" \
   model.dtype=bfloat16 'stages=[{name: grpo, type: rl, steps: 20, batch_size: 16, lr: 1.0e-6}]' \
   trainer.micro_batch_size=32 rollout.max_new_tokens=32 checkpoint.every=0 run.dir="$out/qwen05b" \

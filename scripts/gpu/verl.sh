@@ -11,29 +11,10 @@
 # /tmp/unirl-gpu-verl): metrics, verl's console logs and summary.txt.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-PY="${PYTHON:-.venv/bin/python}"
-[ -x "$PY" ] || PY=python3
-out="${OUT:-/tmp/unirl-gpu-verl}"
+source scripts/gpu/common.sh
+gpu_setup verl verl
 rollout="${ROLLOUT:-vllm}"
-mkdir -p "$out"
-ngpu=$("$PY" - <<'PY'
-import torch, verl
-assert torch.cuda.is_available(), "no CUDA device visible: this script is for a GPU machine"
-print(torch.cuda.device_count())
-PY
-)
-echo "GPUs: $ngpu; rollout: $rollout" | tee "$out/summary.txt"
-summary() {  # run dir, stage name
-  "$PY" - "$1" "$2" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(f"{sys.argv[1]}/metrics.jsonl")]
-rl = [r for r in rows if r["stage"] == sys.argv[2]]
-k = max(1, len(rl) // 10)
-mean = lambda xs, key: sum(r[key] for r in xs) / len(xs)
-print(f"{sys.argv[1]}: {len(rl)} rl steps; reward/mean first 10% {mean(rl[:k], 'reward/mean'):.3f} -> last 10% "
-      f"{mean(rl[-k:], 'reward/mean'):.3f}; {mean(rl, 'time/step_s'):.3f} s/step")
-PY
-}
+echo "GPUs: $ngpu; rollout: $rollout" | tee -a "$out/summary.txt"
 echo "== 1. engine mode: tiny GRPO demo, backend=verl, CUDA"
 "$PY" -m unirl run configs/grpo_tiny.yaml backend=verl run.dir="$out/engine" run.overwrite=true | tail -n 3
 summary "$out/engine" grpo | tee -a "$out/summary.txt"
@@ -74,9 +55,6 @@ echo "== 2. trainer mode: verl main_ppo on the tiny recipe (after the engine-mod
   | grep -E "^\[verl\]|step:|Error|error|^done" | tail -n 20
 check_trainer_run "$out/trainer" 50 | tee -a "$out/summary.txt"
 echo "== 3. trainer mode: Qwen2.5-0.5B-size model, 10 GRPO steps"
-model_args=(model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_layers=24
-            model.tiny.num_heads=14 model.tiny.num_kv_heads=2 model.tiny.max_position_embeddings=512)
-[ -n "${QWEN05B_PATH:-}" ] && model_args=("model.path=$QWEN05B_PATH" )
 "$PY" -m unirl run configs/grpo_tiny.yaml "${trainer[@]}" "${model_args[@]}" run.dir="$out/qwen05b" \
   'stages=[{name: grpo, type: rl, steps: 10, batch_size: 16, lr: 1.0e-6}]' trainer.micro_batch_size=32 \
   rollout.max_new_tokens=32 2>&1 | tee "$out/qwen05b.log" | grep -E "^\[verl\]|step:|Error|error|^done" | tail -n 20

@@ -13,7 +13,6 @@ The order of the two flips every step. Each measured step gives one paired ratio
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import statistics
@@ -39,7 +38,7 @@ def measure_ab(recipe: Any, steps: int, warmup: int = 1) -> dict[str, Any]:
     run_dir = Path(recipe.run.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     driver = Driver(recipe, get_plugin_host(), Console(file=io.StringIO()))
-    parts = driver._build(run_dir)
+    parts = driver.build(run_dir)
     if driver.trainer_mode:
         raise SystemExit(f"backend {recipe.backend!r} runs its framework's own loop (trainer mode): no steps to "
                          f"alternate with")
@@ -95,18 +94,9 @@ def measure_ab(recipe: Any, steps: int, warmup: int = 1) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from unirl.config import load_recipe
+    from unirl.bench.baselines import measure_main
 
-    parser = argparse.ArgumentParser(prog="python -m unirl.bench.ab")
-    parser.add_argument("recipe")
-    parser.add_argument("overrides", nargs="*")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--json", required=True)
-    args = parser.parse_args(argv)
-    recipe = load_recipe(args.recipe, args.overrides)
-    Path(args.json).write_text(json.dumps(measure_ab(recipe, args.steps, args.warmup), indent=1))
-    return 0
+    return measure_main("unirl.bench.ab", measure_ab, argv)
 
 
 if __name__ == "__main__":

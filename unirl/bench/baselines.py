@@ -31,6 +31,8 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -285,10 +287,13 @@ def measure(recipe: Any, steps: int, warmup: int = 1) -> dict[str, Any]:
             "tokens_per_s": rates, "samples": times}
 
 
-def main(argv: list[str] | None = None) -> int:
+def measure_main(prog: str, measure_fn: Callable[[Any, int, int], dict[str, Any]],
+                 argv: list[str] | None = None) -> int:
+    """``python -m PROG RECIPE [k=v ...] --steps N --warmup W --json OUT``: the bench's measuring
+    subprocesses (the plain loops here, the in-process A/B in :mod:`unirl.bench.ab`)."""
     from unirl.config import load_recipe
 
-    parser = argparse.ArgumentParser(prog="python -m unirl.bench.baselines")
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}")
     parser.add_argument("recipe")
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--steps", type=int, default=10)
@@ -296,9 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", required=True)
     args = parser.parse_args(argv)
     recipe = load_recipe(args.recipe, args.overrides)
-    with open(args.json, "w") as fh:
-        json.dump(measure(recipe, args.steps, args.warmup), fh, indent=1)
+    Path(args.json).write_text(json.dumps(measure_fn(recipe, args.steps, args.warmup), indent=1))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return measure_main("unirl.bench.baselines", measure, argv)
 
 
 if __name__ == "__main__":

@@ -247,7 +247,8 @@ def bench(recipe: str, backends: Sequence[str], *, steps: int, repeat: int, warm
             walls[backend].append(wall)
             rows[backend] += got
             rep_rows[backend][rep] = [r for r in got if r["stage_type"] in ("rl", "sft") and r["step"] > warmup]
-            shapes.setdefault(backend, model_shape(workdir / f"{backend}-{rep}", loaded))
+            if backend not in shapes:
+                shapes[backend] = model_shape(workdir / f"{backend}-{rep}", loaded)
             if progress:
                 progress(backend, "done", rep)
     for backend in backends:

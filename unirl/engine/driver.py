@@ -125,7 +125,9 @@ class Driver:
         self.capabilities = host.registry.get("backend", recipe.backend).capabilities or Capabilities()
         self.deviations = self.capabilities.deviations(recipe)
 
-    def _build(self, run_dir: Path) -> Any:
+    def build(self, run_dir: Path) -> Any:
+        """Build the run's parts (backend, rollout, reward, buffer, task) as a run does; also used by
+        the bench's in-process A/B (:mod:`unirl.bench.ab`)."""
         import torch
 
         from unirl.components import build_backend, build_component
@@ -351,7 +353,7 @@ class Driver:
         restore_signals = self._install_signal_handlers()
         restored = resume_from is None  # a resume that fails before restoring keeps the run's record
         try:
-            parts = self._build(run_dir)
+            parts = self.build(run_dir)
             if resume_from is not None:
                 state = self._restore(parts, resume_from)
                 restored = True
