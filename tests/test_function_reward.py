@@ -43,7 +43,7 @@ def test_trl_and_verl_style_functions_load_and_score(reward_file):
 
 @pytest.mark.parametrize("spec, message", [
     ("my_rewards", "give 'package.module:function'"),
-    ("missing_file.py:exact", "does not exist"),
+    ("missing_file.py:exact", "missing_file.py.*no such file"),
 ])
 def test_bad_function_spec_is_a_config_error(spec, message):
     with pytest.raises(ConfigError, match=message):

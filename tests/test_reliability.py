@@ -419,3 +419,69 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run_when_they_persist
     err = _err(capsys)
     assert "3 steps in a row had a non-finite loss or gradient" in err and "run.max_nonfinite_in_a_row=2" in err
     assert [r["global_step"] for r in read_rows(tmp_path / "run")] == [1, 2]
+
+
+def _user_file_cases(tmp: Path) -> list[tuple[list[str], str | None, str]]:
+    """(overrides, recipe or None for the demo, what the message must say)."""
+    folder = tmp / "a_folder"
+    folder.mkdir()
+    binary = tmp / "binary.txt"
+    binary.write_bytes(b"\xff\xfe\x00 not text")
+    recipe_bin = tmp / "recipe.yaml"
+    recipe_bin.write_bytes(b"seed: 1\n\xff\n")
+    a_file = tmp / "weights.bin"
+    a_file.write_bytes(b"0")
+    cpt = str(ROOT / "configs" / "cpt_tiny.yaml")
+    return [
+        ([], str(folder), f"recipe={str(folder)!r}: is a folder, not a file. Pass the path of a YAML recipe"),
+        ([], str(recipe_bin), "is not UTF-8 text (byte 0xff at offset 8)"),
+        ([f"task.path={binary}"], cpt, f"task.path={str(binary)!r}: is not UTF-8 text (byte 0xff at offset 0). "
+                                        "Point task.path at a UTF-8 text file"),
+        ([f"task.path={folder}"], cpt, "is a folder, not a file. Point task.path at a UTF-8 text file"),
+        ([f"task.path={tmp / 'none.txt'}"], cpt, "no such file. Point task.path"),
+        ([f"model.path={a_file}"], None, "is a file, not a folder. Point it at a Hugging Face model folder"),
+        ([f"model.path={folder}"], None, "is a folder without config.json"),
+        (["reward.name=function", f"reward.function={folder}.py:f"], None, "no such file. Give 'path/to/file.py"),
+    ]
+
+
+def test_every_user_file_fault_exits_2_naming_the_file_and_the_fix(tmp_path, capsys):
+    """One read path (unirl.userfiles) for recipes, datasets, reward modules and model folders:
+    a folder for a file or the reverse, a missing file, bytes that are not UTF-8."""
+    for overrides, recipe, message in _user_file_cases(tmp_path):
+        capsys.readouterr()
+        code = main(["run", recipe or str(DEMO), *overrides, f"run.dir={tmp_path / 'run'}"])
+        err = " ".join(capsys.readouterr().err.split())
+        assert code == 2 and message in err, (overrides, recipe, err)
+        assert not (tmp_path / "run").exists()  # refused before anything was created
+
+
+def test_an_unreadable_file_says_so(tmp_path, monkeypatch):
+    """Permission denied (root reads everything, so the check is made to fail)."""
+    from unirl.errors import ConfigError
+    from unirl.userfiles import read_text
+
+    path = tmp_path / "corpus.txt"
+    path.write_text("a line\n")
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)
+    with pytest.raises(ConfigError, match=r"task.path='.*corpus.txt': cannot be read \(permission denied\)\. Fix"):
+        read_text(path, key="task.path", fix="Fix it.")
+
+
+def test_keep_last_k_never_deletes_the_checkpoint_just_written(tmp_path):
+    """A checkpoint past the one being written (the corrupt newest one a resume skipped) is neither
+    counted by keep nor deleted; older ones beyond keep go."""
+    import shutil
+
+    from unirl.checkpoint import list_checkpoints, save_checkpoint
+
+    def save(step: int) -> Path:
+        return save_checkpoint(tmp_path, global_step=step, trainer_state={"models": {"policy": {"w": torch.ones(2)}}},
+                               state={"global_step": step}, buffer_state={}, keep=1)
+
+    save(1)
+    save(2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000002"]
+    shutil.copytree(tmp_path / "checkpoints" / "step-00000002", tmp_path / "checkpoints" / "step-00000009")
+    written = save(3)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000003", "step-00000009"] and written.is_dir()

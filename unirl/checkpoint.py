@@ -140,8 +140,11 @@ def save_checkpoint(run_dir: str | Path, *, global_step: int, trainer_state: dic
     except (OSError, RuntimeError) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise write_error(run_dir, final, current, exc) from exc
-    good = list_checkpoints(run_dir)  # the one just written is complete: older ones beyond keep can go
-    for old in good[:-keep]:
+    # keep-last-k counts the one just written and those before it: a checkpoint past it (a corrupt
+    # newest one a resume skipped) is neither counted nor deleted, so ``keep`` never removes the
+    # checkpoint just written, the only one known good
+    upto = [p for p in list_checkpoints(run_dir) if int(p.name[len(_PREFIX):]) <= global_step]
+    for old in upto[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 

@@ -22,6 +22,10 @@ def build_component(recipe: Any, section: str, kind: str, ctx: Any = None, host:
 
     options = OmegaConf.to_container(recipe[section], resolve=True)
     name = options.pop("name")
+    if section == "reward":  # on_error, isolation, ...: the driver's, whatever the plugin
+        from unirl.rewards.policy import split_policy
+
+        options = split_policy(options)[1]
     reg = (host or get_plugin_host()).registry.get(kind, name, key=f"{section}.name")
     config = reg.config_class(**options) if reg.config_class is not None else options
     if ctx is None:
@@ -68,10 +72,9 @@ def score_fn_from_recipe(recipe_path: str) -> Callable[..., float]:
                       **_: Any) -> float:
         if "fn" not in cache:
             from unirl.config import load_recipe
-            from unirl.rewards import adapt_reward_fn
+            from unirl.rewards import build_reward
 
-            recipe = load_recipe(recipe_path)
-            cache["fn"] = adapt_reward_fn(build_component(recipe, "reward", "reward"), data_source=recipe.task.name)
+            cache["fn"] = build_reward(load_recipe(recipe_path))
         extra = dict(extra_info or {})
         prompt = extra.pop("prompt", "")
         extra.pop("index", None)

@@ -84,6 +84,8 @@ def unirl_register_rewards(register: Register) -> None:
     The returned callable may use TRL's signature ``(prompts, completions, **kwargs) ->
     list[float]`` or verl's ``compute_score(data_source, solution_str, ground_truth,
     extra_info) -> float``; :func:`unirl.rewards.adapt_reward_fn` accepts both.
+    The ``reward`` section's keys ``on_error``, ``isolation``, ``timeout_s`` and ``memory_mb``
+    are the run's policy (:mod:`unirl.rewards.policy`) and are not passed to ``config``.
     """
 
 

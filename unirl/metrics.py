@@ -48,6 +48,9 @@ TOKENS_TRAINED = "tokens/trained"
 THROUGHPUT = "throughput/tokens_per_s"
 MEMORY_PEAK = "memory/peak_bytes"
 GPU_MEMORY_PEAK = "memory/gpu_peak_bytes"
+REWARD_FAILED = "reward/failed"  # completions whose reward failed this step (reward.on_error zero / skip_group)
+REWARD_SKIPPED_GROUPS = "reward/skipped_groups"  # groups left out of this step (reward.on_error=skip_group)
+SKIPPED_REWARD = "steps/skipped_reward"  # steps skipped so far because no group's reward succeeded (skip_group)
 SKIPPED_NONFINITE = "steps/skipped_nonfinite"  # steps skipped so far for a non-finite loss or gradient (engine mode)
 MEMORY_RANK_PEAK = "memory/rank_peak_bytes"  # the largest peak RSS of a run's rank processes (parallel.dp > 1)
 

@@ -233,10 +233,10 @@ def plain_parts(recipe: Any) -> tuple[PlainLoops, Any, Any, list[Any]]:
     """The loops, the task (seeded like a run's), the rl stage and the stages before it."""
     from unirl.components import build_component
     from unirl.models.tiny import ensure_base_model
-    from unirl.rewards import adapt_reward_fn
+    from unirl.rewards import build_reward
 
     path = ensure_base_model(recipe)
-    reward = adapt_reward_fn(build_component(recipe, "reward", "reward"))
+    reward = build_reward(recipe)
     stage, before, _ = _shapes(recipe)
     return PlainLoops(recipe, path, reward), build_component(recipe, "task", "task"), stage, before
 

@@ -62,7 +62,11 @@ def load_recipe(path: str | os.PathLike[str] | None, overrides: Sequence[str] = 
 
 
 def _read_yaml(path: Path) -> Any:
-    if not path.is_file():
+    import io
+
+    from unirl.userfiles import read_text
+
+    if not path.exists():
         hint = ""
         if path.parent.is_dir():
             near = did_you_mean(path.name, [p.name for p in path.parent.glob("*.yaml")])
@@ -71,8 +75,9 @@ def _read_yaml(path: Path) -> Any:
             f"recipe file {str(path)!r} does not exist.{hint} Pass the path of a YAML recipe, "
             f"e.g. `unirl run configs/grpo_tiny.yaml`.", key="recipe", value=str(path),
         )
+    text = read_text(path, key="recipe", fix="Pass the path of a YAML recipe, e.g. `unirl run configs/grpo_tiny.yaml`.")
     try:
-        data = OmegaConf.load(path)
+        data = OmegaConf.load(io.StringIO(text))
     except Exception as exc:  # noqa: BLE001 - YAML parser errors
         raise ConfigError(f"recipe file {str(path)!r} is not valid YAML: {exc}", key="recipe", value=str(path)) from exc
     if not isinstance(data, DictConfig):
@@ -299,8 +304,13 @@ def _validate_component(cfg: Any, section: str, kind: str, registry: Any) -> dic
         raise ConfigError(f"{section}.name is required: the name of a registered {kind} "
                           f"(installed: {', '.join(registry.names(kind)) or 'none'}).", key=f"{section}.name", value=name)
     reg = registry.get(kind, name, key=f"{section}.name")
+    policy: dict[str, Any] = {}
+    if section == "reward":  # keys every reward takes (on_error, isolation, ...), checked apart from the plugin's
+        from unirl.rewards.policy import POLICY_KEYS, RewardPolicy
+
+        policy = _validate_options({k: data.pop(k) for k in POLICY_KEYS if k in data}, RewardPolicy, section)
     options = _validate_options(data, reg.config_class, section, recipe=cfg)
-    return {"name": name, **options}
+    return {"name": name, **options, **policy}
 
 
 def _validate_options(data: dict[str, Any], config_class: type | None, section: str,
@@ -354,6 +364,13 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
                           f"{backend_reg.name!r} runs in trainer mode: the framework's own loop trains on everything "
                           f"it generates and no buffer is built. Use buffer.name=memory, or an engine-mode backend "
                           f"({', '.join(engines)}).", key="buffer.name", value=cfg.buffer.name)
+    if trainer_mode and cfg.reward.get("on_error") == "skip_group" and any(st.type == "rl" for st in cfg.stages):
+        engines = [r.name for r in registry.entries["backend"].values()
+                   if r.capabilities is not None and r.capabilities.mode == "engine"]
+        raise ConfigError(f"reward.on_error=skip_group leaves groups out of unirl's rl step, but backend "
+                          f"{backend_reg.name!r} runs in trainer mode: the framework's own loop trains on every "
+                          f"group it scores. Use reward.on_error=zero (or fail), or an engine-mode backend "
+                          f"({', '.join(engines)}).", key="reward.on_error", value="skip_group")
     dp, max_dp = cfg.parallel.dp, caps.parallel.get("dp", 1)
     if max_dp is not None and dp > max_dp:
         others = [r.name for r in registry.entries["backend"].values() if r.capabilities is not None
@@ -389,12 +406,13 @@ def _check_model_path(cfg: Any) -> None:
     path = cfg.model.path
     if path is None:
         return
+    from unirl.userfiles import check_dir
+
     local = Path(os.path.expanduser(path))
-    if local.is_dir():
-        if not (local / "config.json").is_file():
-            raise ConfigError(f"model.path={path!r} is a directory but not a Hugging Face model directory "
-                              f"(no config.json). Point it at a folder written by save_pretrained.",
-                              key="model.path", value=path)
+    if local.exists():
+        check_dir(path, key="model.path", must_hold="config.json",
+                  fix="Point it at a Hugging Face model folder (written by save_pretrained, or a run's model/), "
+                      "a hub id such as Qwen/Qwen2.5-0.5B, or model.path=null to build the tiny model.")
         return
     if local.exists() or not _looks_like_hub_id(path):
         raise ConfigError(f"model.path={path!r} does not exist. Give a local Hugging Face model directory, "

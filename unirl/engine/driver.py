@@ -136,7 +136,7 @@ class Driver:
         from unirl.models.loading import load_tokenizer
         from unirl.models.tiny import ensure_base_model
         from unirl.protocols import BuildContext
-        from unirl.rewards import adapt_reward_fn
+        from unirl.rewards import build_reward
 
         recipe, registry = self.recipe, self.host.registry
         check_stage_data(recipe, run_dir)  # before any model is built: exit 2 on data a stage cannot use
@@ -157,12 +157,25 @@ class Driver:
             math = backend.math() if hasattr(backend, "math") else ReferenceMath()
         # a stage runner generates with its framework's own engine: no rollout copy, no buffer
         self._parts = Components(recipe=recipe, trainer=ctx.trainer, task=build_component(recipe, "task", "task", ctx),
-                                 reward=adapt_reward_fn(build_component(recipe, "reward", "reward", ctx),
-                                                        data_source=recipe.task.name),
+                                 reward=build_reward(recipe, ctx, self.host, warn=self._warn_reward),
                                  rollout=None if self.trainer_mode else build_component(recipe, "rollout", "rollout", ctx),
                                  buffer=None if self.trainer_mode else build_component(recipe, "buffer", "buffer", ctx),
                                  math=math)
         return self._parts
+
+    def _warn_reward(self, message: str) -> None:
+        from rich.markup import escape
+
+        self.console.print(f"[yellow]reward:[/] {escape(message)}", highlight=False)
+
+    def _reward_failures(self, state: dict[str, Any]) -> int:
+        """Add the reward's failures since the last call to the run's totals; return their number."""
+        take = getattr(self._parts.reward, "take_failures", None) if self._parts is not None else None
+        new = take() if take is not None else {}
+        totals = state.setdefault("reward_failures", {})
+        for kind, count in new.items():
+            totals[kind] = totals.get(kind, 0) + count
+        return sum(new.values())
 
     def _restore(self, parts: Any, path: Path) -> dict[str, Any]:
         from unirl.checkpoint import load_checkpoint, set_torch_rng_state
@@ -188,7 +201,7 @@ class Driver:
         :meth:`_after_step`, so metrics, progress, checkpoints and stopping behave the same.
         A stage runner that only prepared the stage (a dry run) ends the run as ``"dry_run"``.
         """
-        from unirl.engine.stages import STEP_FUNCTIONS
+        from unirl.engine.stages import STEP_FUNCTIONS, StepSkipped
         from unirl.progress import StageProgress
 
         recipe = self.recipe
@@ -224,13 +237,15 @@ class Driver:
                         self._profiler.before(state["global_step"] + 1)
                         try:
                             row = STEP_FUNCTIONS[stage.type](parts, stage, lr)
-                        except FloatingPointError as exc:  # the trainer left weights and optimizer untouched
+                        except (FloatingPointError, StepSkipped) as exc:  # weights and optimizer untouched
                             self._profiler.after(state["global_step"] + 1)
-                            self._skip_nonfinite(stage, state, exc)
+                            self._skip_step(stage, state, exc)
                             continue
                         state["nonfinite_in_a_row"] = 0
                         if state.get("nonfinite_skipped"):
                             row[M.SKIPPED_NONFINITE] = float(state["nonfinite_skipped"])
+                        if state.get("reward_skipped"):
+                            row[M.SKIPPED_REWARD] = float(state["reward_skipped"])
                         self._profiler.after(state["global_step"] + 1)
                         result = self._after_step(stage, row, state, writer, bar, checkpoint)
                         if result is not None:
@@ -241,26 +256,35 @@ class Driver:
                 return outcome[0]
         return "completed"
 
-    def _skip_nonfinite(self, stage: Any, state: dict[str, Any], exc: FloatingPointError) -> None:
-        """A step with a non-finite loss or gradient: skipped and counted; more than
-        ``run.max_nonfinite_in_a_row`` in a row stop the run."""
-        state["nonfinite_skipped"] = state.get("nonfinite_skipped", 0) + 1
+    def _skip_step(self, stage: Any, state: dict[str, Any], exc: Exception) -> None:
+        """A step with a non-finite loss or gradient (FloatingPointError), or whose every group's
+        reward failed under ``reward.on_error=skip_group`` (StepSkipped): skipped and counted;
+        more than ``run.max_nonfinite_in_a_row`` skipped steps in a row stop the run."""
+        nonfinite = isinstance(exc, FloatingPointError)
+        counter = "nonfinite_skipped" if nonfinite else "reward_skipped"
+        state[counter] = state.get(counter, 0) + 1
         state["nonfinite_in_a_row"] = state.get("nonfinite_in_a_row", 0) + 1
         limit = self.recipe.run.max_nonfinite_in_a_row
         where = f"stage {stage.name!r} step {state['stage_step'] + 1}"
         if state["nonfinite_in_a_row"] > limit:
-            raise RunError(f"{state['nonfinite_in_a_row']} steps in a row had a non-finite loss or gradient (the last "
-                           f"at {where}: {exc}); run.max_nonfinite_in_a_row={limit}. The weights are those of the "
-                           f"last good step. Lower the learning rate (or check the data and reward), then continue "
-                           f"with resume=auto.")
+            cause = ("had a non-finite loss or gradient" if nonfinite else
+                     "had no group whose reward succeeded")
+            fix = ("Lower the learning rate (or check the data and reward)" if nonfinite else
+                   "Fix the reward function (the first failure of each kind is printed above)")
+            raise RunError(f"{state['nonfinite_in_a_row']} steps in a row were skipped (the last {cause}, at {where}: "
+                           f"{exc}); run.max_nonfinite_in_a_row={limit}. The weights are those of the last good "
+                           f"step. {fix}, then continue with resume=auto.")
         self.console.print(f"[yellow]skipped[/] {where}: {exc} ({state['nonfinite_in_a_row']} in a row, "
-                           f"{state['nonfinite_skipped']} in all)", highlight=False)
+                           f"{state[counter]} in all)", highlight=False)
 
     def _after_step(self, stage: Any, row: dict[str, float], state: dict[str, Any], writer: M.MetricsWriter,
                     bar: Any, checkpoint: Any) -> str | None:
         """Record one finished step; return None to go on, ``"next_stage"`` at the stage's end,
         or ``"stopped"`` / ``"interrupted"`` / ``"completed"`` to end the run here."""
         recipe = self.recipe
+        failed = self._reward_failures(state)
+        if stage.type == "rl" and getattr(getattr(self._parts.reward, "policy", None), "on_error", "fail") != "fail":
+            row[M.REWARD_FAILED] = float(failed)
         state["stage_step"] += 1
         state["global_step"] += 1
         if self._checkpoint_s is not None:  # the checkpoint written after the previous step
@@ -390,9 +414,15 @@ class Driver:
             self._profiler.close()
             if self._trainer is not None:
                 self._trainer.close()  # a trainer holding processes (data-parallel ranks) stops them
+            if self._parts is not None:
+                self._reward_failures(state)  # those of a step that did not finish
+                if hasattr(self._parts.reward, "close"):
+                    self._parts.reward.close()  # an isolated reward's worker process
             summary = {"status": status, "global_step": state["global_step"], "stage_index": state["stage_index"],
                        "stage_step": state["stage_step"], "wall_s": round(time.perf_counter() - t_start, 3),
                        "skipped_nonfinite": state.get("nonfinite_skipped", 0),
+                       "skipped_reward": state.get("reward_skipped", 0),
+                       "reward_failures": state.get("reward_failures", {}),
                        "exported": exported,
                        "deviations": [{"key": d.key, "asked": d.asked, "used": d.used, "where": d.where}
                                       for d in self.deviations]}

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from unirl import metrics as M
+from unirl.batch import RolloutBatch
 from unirl.config.derived import stage_needs
 from unirl.engine.collate import example_extras, pair_batch, sft_batch, text_batch
 from unirl.engine.phases import PhaseTimer
@@ -84,6 +85,31 @@ def score_request(recipe: Any) -> ScoreRequest:
                         ref_logprobs=stage_needs(recipe, "rl").reference, values=algo.advantage == "gae")
 
 
+class StepSkipped(Exception):
+    """The step cannot train (e.g. every group's reward failed under ``reward.on_error=skip_group``):
+    nothing was changed; the driver counts it and runs the step again on new samples."""
+
+
+def drop_failed_groups(rollout: RolloutBatch, divisor: int) -> tuple[RolloutBatch, int]:
+    """``rollout`` without the groups holding a failed (NaN) reward, and how many groups left.
+
+    Whole groups only, and a number of sequences ``divisor`` divides (mini-batches x ranks): a
+    failure-free group past the last whole multiple is left out too. Raises :class:`StepSkipped`
+    when no group remains."""
+    index = rollout.group_index.tolist()
+    bad = set(rollout.group_index[torch.isnan(rollout.rewards)].tolist())
+    groups = list(dict.fromkeys(index))
+    size = len(rollout) // len(groups)
+    good = [g for g in groups if g not in bad]
+    while good and (len(good) * size) % divisor:
+        good.pop()
+    if not good:
+        raise StepSkipped(f"the reward failed in {len(bad)} of {len(groups)} groups and no whole mini-batch of "
+                          f"failure-free groups is left (reward.on_error=skip_group)")
+    keep = set(good)
+    return rollout.select([i for i, g in enumerate(index) if g in keep]), len(groups) - len(good)
+
+
 def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     algo, trainer = c.recipe.algorithm, c.trainer
     timer = PhaseTimer()
@@ -94,6 +120,12 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     with timer("reward"):
         rollout.rewards = torch.tensor(c.reward(rollout.prompts, rollout.completions, **rollout.extras),
                                        dtype=torch.float32)
+    generated = rollout.response_mask.sum(-1).float()
+    skipped_groups = None
+    if getattr(getattr(c.reward, "policy", None), "on_error", "fail") == "skip_group":
+        skipped_groups = 0
+        if torch.isnan(rollout.rewards).any():  # failed rewards: their groups are left out of the step
+            rollout, skipped_groups = drop_failed_groups(rollout, algo.mini_batches * c.recipe.parallel.dp)
     with timer("buffer"):
         held = len(c.buffer)
         c.buffer.add(rollout)
@@ -123,7 +155,8 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     with timer("weight_sync"):
         row.update(trainer.sync_weights(c.rollout))
     resp_tokens = batch.response_mask.sum(-1).float()
-    generated = rollout.response_mask.sum(-1).float()
+    if skipped_groups is not None:
+        row[M.REWARD_SKIPPED_GROUPS] = float(skipped_groups)
     if kl is not None:
         row["kl/reward_mean"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
     if len(batch) != len(rollout) or dropped:  # the buffer selected: the curve stays over what was generated

@@ -9,87 +9,50 @@ from a plugin or from a recipe (``reward: {name: function, function: "module:nam
   (or a dict with a ``"score"`` key), called once per completion.
 
 Rewards are finite floats; a reward may declare ``reward_range = (low, high)`` (an attribute),
-which the conformance kit and every run then check each score against.
+which the conformance kit and every run then check each score against. What happens when a
+reward fails (``reward.on_error``) and where it runs (``reward.isolation``):
+:mod:`unirl.rewards.policy`.
 """
 
 from __future__ import annotations
 
-import inspect
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unirl.errors import ConfigError, RunError, did_you_mean
+from unirl.errors import ConfigError, did_you_mean
+from unirl.rewards.checked import VERL_PARAMS, CheckedReward, as_batch_fn, reward_name
+from unirl.rewards.policy import RewardPolicy, split_policy
 
-VERL_PARAMS = ("data_source", "solution_str", "ground_truth")
-
-
-def _is_verl_style(fn: Callable[..., Any]) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return all(p in params for p in VERL_PARAMS)
+__all__ = ["VERL_PARAMS", "CheckedReward", "FunctionRewardConfig", "RewardPolicy", "adapt_reward_fn",
+           "build_reward", "load_function_reward"]
 
 
-def _where(fn: Any) -> str:
-    """``file:line`` of a reward function (or of its class), for error messages."""
-    import inspect
-
-    target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn)
-    try:
-        return f"{inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]}"
-    except (TypeError, OSError):
-        return getattr(target, "__module__", "?")
+def adapt_reward_fn(fn: Callable[..., Any], *, data_source: str = "unirl", policy: RewardPolicy | None = None,
+                    warn: Callable[[str], None] | None = None) -> CheckedReward:
+    """``fn`` (TRL or verl style) as a checked TRL-style batch reward under ``policy``
+    (default: ``on_error=fail``, in this process)."""
+    return CheckedReward(as_batch_fn(fn, data_source), reward_name(fn), getattr(fn, "reward_range", None),
+                         policy, warn)
 
 
-def adapt_reward_fn(fn: Callable[..., Any], *, data_source: str = "unirl") -> Callable[..., list[float]]:
-    """Return ``fn`` as a TRL-style batch reward function that checks its output."""
-    if _is_verl_style(fn):
-        def batch_fn(prompts: Sequence[str], completions: Sequence[str], **kwargs: Any) -> list[float]:
-            refs = kwargs.get("answer", [None] * len(completions))
-            out = []
-            for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-                extra = {k: v[i] for k, v in kwargs.items()} | {"prompt": prompt}
-                score = fn(data_source=data_source, solution_str=completion, ground_truth=refs[i], extra_info=extra)
-                out.append(score["score"] if isinstance(score, dict) else score)
-            return out
-    else:
-        batch_fn = fn
+def build_reward(recipe: Any, ctx: Any = None, host: Any = None,
+                 warn: Callable[[str], None] | None = None) -> CheckedReward:
+    """The recipe's reward, checked, under its ``on_error`` policy, in this process or (with
+    ``reward.isolation=process``) in a worker process (:mod:`unirl.rewards.isolation`)."""
+    from omegaconf import OmegaConf
 
-    name = f"{getattr(fn, '__qualname__', type(fn).__name__)} ({_where(fn)})"
-    declared = getattr(fn, "reward_range", None)  # (low, high), declared by the reward; None: any finite float
+    from unirl.components import build_component
 
-    def checked(prompts: Sequence[str], completions: Sequence[str], **kwargs: Any) -> list[float]:
-        try:
-            values = list(batch_fn(prompts, completions, **kwargs))
-        except Exception as exc:  # noqa: BLE001 - re-raised naming the function and the batch
-            first = f"prompt {prompts[0]!r}, completion {completions[0]!r}" if completions else "no completions"
-            raise RunError(f"reward function {name} raised {type(exc).__name__}: {exc} on a batch of "
-                           f"{len(completions)} completions (the first: {first}). Fix the function; the "
-                           f"traceback above shows the line.") from exc
-        if len(values) != len(completions):
-            raise RunError(f"reward function {name} returned {len(values)} rewards for {len(completions)} "
-                           f"completions; it must return one float per completion.")
-        for i, v in enumerate(values):
-            if not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
-                raise RunError(f"reward function {name} returned {v!r} ({type(v).__name__}) for prompt "
-                               f"{prompts[i]!r}, completion {completions[i]!r}; it must return a float for every "
-                               f"completion (0.0 for a wrong one), never None.")
-        floats = [float(v) for v in values]
-        bad = [v for v in floats if not math.isfinite(v)]
-        if bad:
-            raise RunError(f"reward function {name} returned a non-finite reward ({bad[0]}); rewards must be "
-                           f"finite floats.")
-        if declared is not None and not all(declared[0] <= v <= declared[1] for v in floats):
-            i = next(i for i, v in enumerate(floats) if not declared[0] <= v <= declared[1])
-            raise RunError(f"reward function {name} returned {floats[i]} for completion {completions[i]!r}, outside "
-                           f"the reward_range {declared} it declares.")
-        return floats
+    policy, _ = split_policy(OmegaConf.to_container(recipe.reward, resolve=True))
+    if policy.isolation == "process":
+        from unirl.rewards.isolation import ProcessReward
 
-    return checked
+        worker = ProcessReward(recipe, policy)
+        return CheckedReward(worker, worker.name, worker.reward_range, policy, warn, close=worker.close)
+    return adapt_reward_fn(build_component(recipe, "reward", "reward", ctx, host), data_source=recipe.task.name,
+                           policy=policy, warn=warn)
 
 
 @dataclass
@@ -105,8 +68,11 @@ class FunctionRewardConfig:
         if not sep or not target or not attr:
             return (f"function={cfg.function!r}: give 'package.module:function' or 'path/to/file.py:function', "
                     f"e.g. function=my_rewards:accuracy.")
-        if target.endswith(".py") and not Path(target).is_file():
-            return f"function={cfg.function!r}: the file {target!r} does not exist."
+        if target.endswith(".py"):
+            from unirl.userfiles import check_file
+
+            check_file(target, key="reward.function", fix="Give 'path/to/file.py:function' (relative to the current "
+                                                          "folder, or absolute) or 'package.module:function'.")
         return None
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from unirl.errors import ConfigError
 from unirl.protocols import Example
 from unirl.tasks.rng import rng_state, set_rng_state
+
+
+FIX = "Point task.path at a UTF-8 text file with one document per line."
 
 
 @dataclass
@@ -20,8 +22,9 @@ class TextFileTaskConfig:
     def validate(cfg: TextFileTaskConfig) -> str | None:
         if not cfg.path:
             return "path is required: a UTF-8 text file with one document per line (task.path=corpus.txt)."
-        if not Path(cfg.path).is_file():
-            return f"path={cfg.path!r} does not exist or is not a file."
+        from unirl.userfiles import check_text
+
+        check_text(cfg.path, key="task.path", fix=FIX)
         return None
 
 
@@ -29,7 +32,10 @@ class TextFileTask:
     """Documents drawn uniformly (with replacement) from the file's lines, by a seeded generator."""
 
     def __init__(self, config: TextFileTaskConfig, ctx: Any) -> None:
-        self.lines = [ln.strip() for ln in Path(config.path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+        from unirl.userfiles import read_text
+
+        text = read_text(config.path, key="task.path", fix=FIX)
+        self.lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
         if not self.lines:
             raise ConfigError(f"task.path={config.path!r} holds no non-empty line: the task needs one document "
                               f"per line. Point task.path at a UTF-8 text file with at least one line of text.",

@@ -44,13 +44,12 @@ def reward_func_from_recipe(recipe_path: str) -> Any:
     def parts() -> tuple[Any, str]:
         with lock:
             if not cache:
-                from unirl.components import build_component
                 from unirl.config import load_recipe
                 from unirl.models.loading import load_tokenizer
-                from unirl.rewards import adapt_reward_fn
+                from unirl.rewards import build_reward
 
                 recipe = load_recipe(recipe_path)
-                cache["fn"] = adapt_reward_fn(build_component(recipe, "reward", "reward"), data_source=recipe.task.name)
+                cache["fn"] = build_reward(recipe)
                 cache["eos"] = load_tokenizer(str(recipe.model.path)).eos_token or ""
         return cache["fn"], cache["eos"]
 
