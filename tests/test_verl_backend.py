@@ -123,8 +123,8 @@ def test_verls_fixed_k3_clamp_is_a_reported_deviation_that_no_recipe_value_avoid
 
 def test_data_parallel_size_is_checked_against_backend_and_batch():
     with pytest.raises(CapabilityError, match="it trains in one process") as err:
-        load_recipe(DEMO, ["parallel.dp=2"])  # native
-    assert err.value.key == "parallel.dp" and "verl" in err.value.supported_by
+        load_recipe(DEMO, ["backend=trl", "parallel.dp=2"])
+    assert err.value.key == "parallel.dp" and {"native", "verl"} <= set(err.value.supported_by)
     with pytest.raises(ConfigError, match=r"parallel.dp=3 does not divide stages.0 'sft_warmup''s 32 examples"):
         load_recipe(DEMO, ["backend=verl", "parallel.dp=3"])
     with pytest.raises(ConfigError, match=r"parallel.dp=0 is out of range"):

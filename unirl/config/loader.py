@@ -19,7 +19,7 @@ from omegaconf import errors as oc_errors
 
 from unirl.capabilities import Support, recipe_knobs
 from unirl.config import choices
-from unirl.config.schema import COMPONENT_SECTIONS, RecipeConfig
+from unirl.config.schema import COMPONENT_SECTIONS, PARALLEL_DIMS, RecipeConfig
 from unirl.errors import CapabilityError, ConfigError, did_you_mean
 
 
@@ -264,7 +264,8 @@ def _check_values(cfg: Any) -> None:
     _at_least("run.stop_after", cfg.run.stop_after, 1)
     _at_least("run.log_every", cfg.run.log_every, 1)
     _at_least("run.threads", cfg.run.threads, 1)
-    _at_least("parallel.dp", cfg.parallel.dp, 1)
+    for dim in PARALLEL_DIMS:
+        _at_least(f"parallel.{dim}", cfg.parallel[dim], 1)
     dp = cfg.parallel.dp
     names: set[str] = set()
     for i, stage in enumerate(cfg.stages):
@@ -371,12 +372,15 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
                           f"{backend_reg.name!r} runs in trainer mode: the framework's own loop trains on every "
                           f"group it scores. Use reward.on_error=zero (or fail), or an engine-mode backend "
                           f"({', '.join(engines)}).", key="reward.on_error", value="skip_group")
-    dp, max_dp = cfg.parallel.dp, caps.parallel.get("dp", 1)
-    if max_dp is not None and dp > max_dp:
-        others = [r.name for r in registry.entries["backend"].values() if r.capabilities is not None
-                  and (r.capabilities.parallel.get("dp", 1) is None or r.capabilities.parallel.get("dp", 1) >= dp)]
-        raise CapabilityError(backend=backend_reg.name, key="parallel.dp", value=dp, supported_by=others,
-                              reason=f"it trains in {'one process' if max_dp == 1 else f'at most {max_dp} ranks'}")
+    for dim, what in PARALLEL_DIMS.items():  # the layout, before any rank starts
+        size, largest = cfg.parallel[dim], caps.parallel.get(dim, 1)
+        if largest is not None and size > largest:
+            others = [r.name for r in registry.entries["backend"].values() if r.capabilities is not None
+                      and (r.capabilities.parallel.get(dim, 1) is None or r.capabilities.parallel.get(dim, 1) >= size)]
+            limit = ("it trains in one process" if dim == "dp" else f"it has no {what} layout") if largest == 1 else \
+                f"it runs at most {largest} {what} ranks"
+            raise CapabilityError(backend=backend_reg.name, key=f"parallel.{dim}", value=size, supported_by=others,
+                                  reason=limit)
     for key, asked, fixed in caps.fixed_values(cfg):
         if fixed.approximate and not cfg.run.strict:
             continue  # the driver prints and records it as a deviation

@@ -112,6 +112,12 @@ class ParallelSection:
     batch, so a run's updates do not depend on ``dp`` (torch.distributed: gloo on CPU, NCCL on GPU)."""
 
     dp: int = 1  # data-parallel ranks; backends declare how many they run (Capabilities.parallel)
+    tp: int = 1  # tensor-parallel ranks (each layer's matrices split over them)
+    pp: int = 1  # pipeline-parallel stages (the layers split over them)
+
+
+#: ``parallel`` dimensions a backend declares a largest size for (``Capabilities.parallel``; None: any)
+PARALLEL_DIMS = {"dp": "data-parallel", "tp": "tensor-parallel", "pp": "pipeline-parallel"}
 
 
 @dataclass

@@ -23,6 +23,23 @@ from collections.abc import Callable
 from typing import Any
 
 from unirl.distributed import free_port
+
+
+def _send(conn: Any, obj: Any) -> None:
+    """Send ``obj`` as a copy. ``Connection.send`` pickles with multiprocessing's ForkingPickler,
+    for which torch registers reductions that pass tensors as shared memory
+    (torch/multiprocessing/reductions.py ``init_reductions``): every rank would then hold the
+    driver's very storage, and an in-place change on one rank (e.g. AdamW's ``step`` counters of
+    a loaded optimizer state) would reach every other rank and the driver."""
+    import pickle
+
+    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn: Any) -> Any:
+    import pickle
+
+    return pickle.loads(conn.recv_bytes())
 from unirl.distributed.env import init_group
 from unirl.errors import RunError
 
@@ -73,13 +90,13 @@ def _serve(rank: int, world: int, port: int, conn: Any, factory: Callable[..., A
         torch.set_num_threads(threads)
         init_group(rank, world, port)
         worker = factory(*args)
-        conn.send(("ok", None))
+        _send(conn, ("ok", None))
     except BaseException:  # noqa: BLE001 - reported to the driver
-        conn.send(("error", traceback.format_exc()))
+        _send(conn, ("error", traceback.format_exc()))
         return
     while True:
         try:
-            msg = conn.recv()
+            msg = _recv(conn)
         except EOFError:
             return
         if msg[0] == "stop":
@@ -91,12 +108,12 @@ def _serve(rank: int, world: int, port: int, conn: Any, factory: Callable[..., A
 
                 with CollectiveCounter() as counted:
                     result = getattr(worker, method)(*((shard,) if shard is not None else ()), **kwargs)
-                conn.send(("ok", (result, counted.stats)))
+                _send(conn, ("ok", (result, counted.stats)))
                 continue
             result = getattr(worker, method)(*((shard,) if shard is not None else ()), **kwargs)
-            conn.send(("ok", result))
+            _send(conn, ("ok", result))
         except BaseException:  # noqa: BLE001
-            conn.send(("error", traceback.format_exc()))
+            _send(conn, ("error", traceback.format_exc()))
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -136,7 +153,7 @@ class SpawnedRanks:
                     continue
                 error = None
                 if conn.poll(0.05):
-                    status, value = conn.recv()
+                    status, value = _recv(conn)
                     if status == "error":
                         error = f"rank {rank}:\n{value}"
                     results[rank] = value
@@ -157,7 +174,7 @@ class SpawnedRanks:
         if not self.procs:
             raise RunError(f"the {self.name} ranks were already stopped")
         for rank, conn in enumerate(self.conns):
-            conn.send((method, shards[rank] if shards is not None else None, kwargs, count))
+            _send(conn, (method, shards[rank] if shards is not None else None, kwargs, count))
         results = self._gather(method)
         if not count:
             return results
@@ -189,7 +206,7 @@ class SpawnedRanks:
         for conn in self.conns:
             try:
                 if not force:
-                    conn.send(("stop",))
+                    _send(conn, ("stop",))
             except (BrokenPipeError, OSError):
                 pass
         for proc in self.procs:

@@ -128,42 +128,51 @@ class ReferenceTrainer:
 
     # ------------------------------------------------------------------ preference losses
 
-    def _seq_logprob_sums(self, name: str, batch: SFTBatch, grad: bool) -> torch.Tensor:
-        out = []
-        mask = batch.loss_mask[:, 1:].float()
-        with torch.set_grad_enabled(grad):
-            for sl in self.models.micro_batches(len(batch)):
-                logits = self.forward(name, batch.input_ids[sl], batch.attention_mask[sl])
-                out.append((token_logprobs(logits, batch.input_ids[sl]) * mask[sl]).sum(-1))
-        return torch.cat(out)
+    def _pair_micro_batches(self, n: int) -> list[list[int]]:
+        """Rows of ``pairs.sequences`` (chosen rows ``0..n-1``, then their rejected rows) per
+        micro-batch: a slice of pairs, chosen then rejected, ``trainer.micro_batch_size``
+        sequences at most (half as many pairs)."""
+        size = max(1, self.recipe.trainer.micro_batch_size // 2)
+        return [[*range(sl.start, sl.stop), *range(n + sl.start, n + sl.stop)]
+                for sl in self.models.micro_batches(n, size=size)]
+
+    def _seq_logprob_sums(self, name: str, batch: SFTBatch, rows: list[int]) -> torch.Tensor:
+        ids = batch.input_ids[rows]
+        logits = self.forward(name, ids, batch.attention_mask[rows])
+        return (token_logprobs(logits, ids) * batch.loss_mask[rows, 1:].float()).sum(-1)
 
     def _dpo_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
-        """One DPO step; chosen and rejected sequences go through the model together."""
+        """One DPO step; each micro-batch holds pairs, chosen and rejected through the model together."""
         n = len(pairs)
         both = pairs.sequences
-        ref = self._seq_logprob_sums("reference", both, grad=False)
-        pi = self._seq_logprob_sums("policy", both, grad=True)
-        loss, stats = dpo_objective(pi_c=pi[:n], pi_r=pi[n:], ref_c=ref[:n], ref_r=ref[n:], algo=self.recipe.algorithm,
-                                    n_pairs=float(n))
-        self.backward("policy", loss)
-        row = {k: float(v) for k, v in stats.items()}
-        row.update({"grad/norm": self._finish_step("policy", lr), "lr": lr,
-                    "tokens/trained": float(both.loss_mask.sum())})
-        return row
-
-    def _scores(self, batch: SFTBatch) -> torch.Tensor:
-        out = [self.forward("reward_model", batch.input_ids[sl], batch.attention_mask[sl])[:, 0]
-               for sl in self.models.micro_batches(len(batch))]
-        return torch.cat(out)
+        sums: dict[str, float] = {}
+        for rows in self._pair_micro_batches(n):
+            k = len(rows) // 2
+            with torch.no_grad():
+                ref = self._seq_logprob_sums("reference", both, rows)
+            pi = self._seq_logprob_sums("policy", both, rows)
+            loss, stats = dpo_objective(pi_c=pi[:k], pi_r=pi[k:], ref_c=ref[:k], ref_r=ref[k:],
+                                        algo=self.recipe.algorithm, n_pairs=float(n))
+            self.backward("policy", loss)
+            for key, v in stats.items():
+                sums[key] = sums.get(key, 0.0) + float(v)
+        sums.update({"grad/norm": self._finish_step("policy", lr), "lr": lr,
+                     "tokens/trained": float(both.loss_mask.sum())})
+        return sums
 
     def _rm_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
         n = len(pairs)
-        scores = self._scores(pairs.sequences)
-        loss, stats = reward_model_objective(r_c=scores[:n], r_r=scores[n:], n_pairs=float(n))
-        self.backward("reward_model", loss)
-        row = {k: float(v) for k, v in stats.items()}
-        row.update({"grad/norm": self._finish_step("reward_model", lr), "lr": lr})
-        return row
+        both = pairs.sequences
+        sums: dict[str, float] = {}
+        for rows in self._pair_micro_batches(n):
+            k = len(rows) // 2
+            scores = self.forward("reward_model", both.input_ids[rows], both.attention_mask[rows])[:, 0]
+            loss, stats = reward_model_objective(r_c=scores[:k], r_r=scores[k:], n_pairs=float(n))
+            self.backward("reward_model", loss)
+            for key, v in stats.items():
+                sums[key] = sums.get(key, 0.0) + float(v)
+        sums.update({"grad/norm": self._finish_step("reward_model", lr), "lr": lr})
+        return sums
 
     # ------------------------------------------------------------------ RL
 

@@ -27,8 +27,9 @@ class ModelSet:
                  make_stepper: Callable[[torch.nn.Module, float], Any]) -> None:
         self.recipe, self.model_path, self.tokenizer = recipe, model_path, tokenizer
         self.make_stepper = make_stepper
-        self.models: dict[str, torch.nn.Module] = {"policy": load_causal_lm(model_path, recipe.model.dtype)}
-        self.models["policy"].train()
+        policy = load_causal_lm(model_path, recipe.model.dtype)
+        policy.train()
+        self.models: dict[str, torch.nn.Module] = {"policy": self.place(policy)}
         #: what steps each trained model: a torch optimizer (native) or a DeepSpeed engine (openrlhf)
         self.steppers: dict[str, Any] = {"policy": make_stepper(self.models["policy"], recipe.trainer.lr)}
         self.trained: set[str] = set()
@@ -38,9 +39,27 @@ class ModelSet:
     def policy(self) -> torch.nn.Module:
         return self.models["policy"]
 
-    def micro_batches(self, n: int) -> list[slice]:
-        """``trainer.micro_batch_size`` slices covering ``n`` rows (the last may be shorter)."""
-        size = self.recipe.trainer.micro_batch_size
+    # -- where the models live: in this process as they are (a subclass shards them over ranks) --
+
+    def place(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A new model, made ready before anything steps it (here: as it is)."""
+        return model
+
+    def full_state(self, name: str) -> dict[str, torch.Tensor]:
+        """Model ``name``'s whole state dict (unsharded)."""
+        return self.models[name].state_dict()
+
+    def load_full_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        """Load a whole (unsharded) state dict into model ``name``."""
+        self.models[name].load_state_dict(state)
+
+    def unsharded(self, name: str) -> torch.nn.Module:
+        """Model ``name`` as one plain module (to save it)."""
+        return self.models[name]
+
+    def micro_batches(self, n: int, size: int | None = None) -> list[slice]:
+        """``trainer.micro_batch_size`` (or ``size``) slices covering ``n`` rows (the last may be shorter)."""
+        size = size or self.recipe.trainer.micro_batch_size
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
     def stepped(self, name: str) -> None:
@@ -51,14 +70,14 @@ class ModelSet:
 
     def sync_weights(self, rollout: Any) -> dict[str, float]:
         """The policy to ``rollout``, when it keeps a copy that is behind (:class:`WeightSync`)."""
-        return self.weights.sync(rollout, self.policy.state_dict)
+        return self.weights.sync(rollout, lambda: self.full_state("policy"))
 
     def snapshot_reference(self) -> None:
         """The frozen reference: a copy of the policy as it is now."""
-        ref = copy.deepcopy(self.policy).eval()
+        ref = copy.deepcopy(self.unsharded("policy")).eval()
         for p in ref.parameters():
             p.requires_grad_(False)
-        self.models["reference"] = ref
+        self.models["reference"] = self.place(ref)
 
     def ensure_scorer(self, name: str, per_token: bool, lr: float) -> None:
         """A scalar-head model whose backbone starts as a copy of the current policy's (so a
@@ -66,9 +85,11 @@ class ModelSet:
         if name not in self.models:
             model = load_scorer(self.model_path, self.recipe.model.dtype, per_token=per_token,
                                 pad_token_id=self.tokenizer.pad_token_id)
-            model.base_model.load_state_dict(self.policy.base_model.state_dict())
+            prefix = self.policy.base_model_prefix + "."
+            model.base_model.load_state_dict({k.removeprefix(prefix): v for k, v in self.full_state("policy").items()
+                                              if k.startswith(prefix)})
             model.train()
-            self.models[name] = model
+            self.models[name] = self.place(model)
             self.steppers[name] = self.make_stepper(model, lr)
 
     def begin_stage(self, stage_type: str) -> None:
@@ -90,7 +111,7 @@ class ModelSet:
         if "reward_model" in models:
             self.ensure_scorer("reward_model", False, self.recipe.trainer.lr)
         for name, sd in models.items():
-            self.models[name].load_state_dict(sd)
+            self.load_full_state(name, sd)
         self.weights.updated()  # a rollout with its own copy must take the restored policy
 
     def export(self, run_dir: str) -> dict[str, str]:
@@ -99,7 +120,7 @@ class ModelSet:
         for name, folder in EXPORT_FOLDERS:
             if name in self.trained or (name == "policy" and not self.trained):
                 path = str(Path(run_dir) / folder)
-                save_hf_model(self.models[name], self.tokenizer, path)
+                save_hf_model(self.unsharded(name), self.tokenizer, path)
                 out[name] = path
         return out
 

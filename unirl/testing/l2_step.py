@@ -21,11 +21,15 @@ from unirl.testing.results import TOLERANCES, Case, CheckResult, compare
 LR = 1e-3
 
 
+def _level(layout: tuple[str, ...]) -> str:
+    return "L4" if layout else "L2"
+
+
 def _worst(results: list[CheckResult], name: str, knobs: dict[str, Any]) -> CheckResult:
     failed = [r for r in results if r.status != "passed"]
     worst = failed[0] if failed else max(results, key=lambda r: r.max_rel or 0.0)
     detail = "; ".join(f"{r.check}: abs {r.max_abs:.3g} rel {r.max_rel:.3g}" for r in results)
-    return CheckResult(name, "L2", "failed" if failed else "passed", knobs, worst.max_abs, worst.max_rel,
+    return CheckResult(name, results[0].level, "failed" if failed else "passed", knobs, worst.max_abs, worst.max_rel,
                        worst.tolerance, reason=detail)
 
 
@@ -121,7 +125,22 @@ def fixed_step(trainer: Any, stage_type: str, batch: Any, lr: float, *, critic: 
 
 
 def _step_check(ctx: KitContext, name: str, knobs: dict[str, Any], overrides: list[str], stage: str,
-                make_batch: Any, trained: list[Trained]) -> CheckResult:
+                make_batch: Any, trained: list[Trained], layout: tuple[str, ...] = ()) -> CheckResult:
+    """One step of the backend against the oracle's; with ``layout`` (``parallel.*`` overrides:
+    the L4 level) the trainer runs on that layout and must give the same update."""
+    level = _level(layout)
+    if layout:
+        from unirl.errors import CapabilityError
+
+        name = f"{name}[{' '.join(layout)}]"
+        try:
+            ctx.recipe([*overrides, *layout])
+        except CapabilityError as exc:
+            key, value = exc.key, exc.value
+            return CheckResult(name, level, "skipped", {**knobs, key: value},
+                               reason=f"backend {ctx.backend!r} declares {key}={value} unsupported")
+        knobs = {**knobs, **dict(item.split("=", 1) for item in layout)}
+        overrides = [*overrides, *layout]
     import copy
 
     from safetensors.torch import load_file
@@ -159,15 +178,15 @@ def _step_check(ctx: KitContext, name: str, knobs: dict[str, Any], overrides: li
                 if keys else float("inf")
             what = "" if t.model == "policy" else f"{t.model} "
             results += [
-                compare(f"{what}loss", "L2", knobs, row[t.loss_key], loss, rel_tol=tol["loss_rel"],
+                compare(f"{what}loss", level, knobs, row[t.loss_key], loss, rel_tol=tol["loss_rel"],
                         tolerance=f"rel <= {tol['loss_rel']}"),
-                compare(f"{what}grad_norm", "L2", knobs, row[t.norm_key], norm, rel_tol=tol["grad_norm_rel"],
+                compare(f"{what}grad_norm", level, knobs, row[t.norm_key], norm, rel_tol=tol["grad_norm_rel"],
                         tolerance=f"rel <= {tol['grad_norm_rel']}"),
-                CheckResult(f"{what}update", "L2", "passed" if update_err <= tol["update_over_lr"] else "failed",
+                CheckResult(f"{what}update", level, "passed" if update_err <= tol["update_over_lr"] else "failed",
                             knobs, update_err * LR, update_err, f"|d_backend - d_ref| / lr <= {tol['update_over_lr']}"),
             ]
     except Exception as exc:  # noqa: BLE001
-        return CheckResult(name, "L2", "error", knobs, reason=f"{type(exc).__name__}: {exc}")
+        return CheckResult(name, level, "error", knobs, reason=f"{type(exc).__name__}: {exc}")
     return _worst(results, name, knobs)
 
 
@@ -225,7 +244,7 @@ def _dpo_loss(models: dict[str, Any], pairs: Any, recipe: Any) -> Any:
                          n_pairs=float(n))[0]
 
 
-def _rl_case(ctx: KitContext, mode: str) -> CheckResult:
+def _rl_case(ctx: KitContext, mode: str, layout: tuple[str, ...] = ()) -> CheckResult:
     extra = []
     if ctx.claims("kl.placement", "in_loss"):
         extra.append("algorithm.kl_loss_coef=0.1")
@@ -234,9 +253,9 @@ def _rl_case(ctx: KitContext, mode: str) -> CheckResult:
     if ctx.claims("algorithm.entropy_coef", "set"):
         extra.append("algorithm.entropy_coef=0.01")  # the bonus must reach the gradient
     if not ctx.claims("stages.type", "rl"):
-        return ctx.skip("rl_step", "L2", "stages.type", "rl")
+        return ctx.skip("rl_step", _level(layout), "stages.type", "rl")
     if not ctx.claims("algorithm.loss_agg", mode):
-        return ctx.skip("rl_step", "L2", "algorithm.loss_agg", mode)
+        return ctx.skip("rl_step", _level(layout), "algorithm.loss_agg", mode)
     from unirl.errors import CapabilityError
 
     base = ["stages=[{name: rl, type: rl, steps: 1, batch_size: 4}]", f"algorithm.loss_agg={mode}"]
@@ -250,7 +269,7 @@ def _rl_case(ctx: KitContext, mode: str) -> CheckResult:
     knobs = {"algorithm.loss_agg": mode, **dict(o.split("=") for o in accepted)}
     return _step_check(ctx, "rl_step", knobs, [*base, *accepted], "rl",
                        lambda tok, m, r: _rl_batch(tok, m["policy"], r.algorithm),
-                       [Trained("policy", "loss/total", "grad/norm", _policy_loss)])
+                       [Trained("policy", "loss/total", "grad/norm", _policy_loss)], layout)
 
 
 def _rm_loss(models: dict[str, Any], pairs: Any, recipe: Any) -> Any:
@@ -261,11 +280,11 @@ def _rm_loss(models: dict[str, Any], pairs: Any, recipe: Any) -> Any:
     return reward_model_objective(r_c=scores[:n], r_r=scores[n:], n_pairs=float(n))[0]
 
 
-def _stage_case(ctx: KitContext, stage: str) -> CheckResult:
+def _stage_case(ctx: KitContext, stage: str, layout: tuple[str, ...] = ()) -> CheckResult:
     from unirl.engine.collate import pair_batch, sft_batch
 
     if not ctx.claims("stages.type", stage):
-        return ctx.skip(f"{stage}_step", "L2", "stages.type", stage)
+        return ctx.skip(f"{stage}_step", _level(layout), "stages.type", stage)
     make, trained = {
         "sft": (lambda tok, m, r: sft_batch(tok, _examples()), Trained("policy", "loss/lm", "grad/norm", _sft_loss)),
         "dpo": (lambda tok, m, r: pair_batch(tok, _examples()), Trained("policy", "loss/dpo", "grad/norm", _dpo_loss)),
@@ -273,7 +292,8 @@ def _stage_case(ctx: KitContext, stage: str) -> CheckResult:
                Trained("reward_model", "loss/rm", "grad/norm", _rm_loss)),
     }[stage]
     return _step_check(ctx, f"{stage}_step", {"stages.type": stage},
-                       [f"stages=[{{name: s, type: {stage}, steps: 1, batch_size: 6}}]"], stage, make, [trained])
+                       [f"stages=[{{name: s, type: {stage}, steps: 1, batch_size: 6}}]"], stage, make, [trained],
+                       layout)
 
 
 def _critic_batch(tokenizer: Any, models: dict[str, Any], recipe: Any) -> Any:
@@ -313,12 +333,12 @@ def _value_loss(models: dict[str, Any], batch: Any, recipe: Any) -> Any:
                            clip=recipe.algorithm.value_clip, n_tokens=float(mask.sum()))[0]
 
 
-def _critic_case(ctx: KitContext) -> CheckResult:
+def _critic_case(ctx: KitContext, layout: tuple[str, ...] = ()) -> CheckResult:
     """One PPO update with a critic (``advantage=gae``): the policy and the critic each step once."""
     if not ctx.claims("stages.type", "rl"):
-        return ctx.skip("critic_step", "L2", "stages.type", "rl")
+        return ctx.skip("critic_step", _level(layout), "stages.type", "rl")
     if not ctx.claims("algorithm.advantage", "gae"):
-        return ctx.skip("critic_step", "L2", "algorithm.advantage", "gae")
+        return ctx.skip("critic_step", _level(layout), "algorithm.advantage", "gae")
     overrides = ["stages=[{name: rl, type: rl, steps: 1, batch_size: 8}]", "algorithm.advantage=gae",
                  "algorithm.group_size=1"]
     knobs: dict[str, Any] = {"algorithm.advantage": "gae"}
@@ -327,7 +347,7 @@ def _critic_case(ctx: KitContext) -> CheckResult:
         knobs["algorithm.value_clip"] = 0.2
     return _step_check(ctx, "critic_step", knobs, overrides, "rl", _critic_batch,
                        [Trained("policy", "loss/total", "grad/norm", _policy_loss),
-                        Trained("critic", "loss/value", "critic/grad_norm", _value_loss)])
+                        Trained("critic", "loss/value", "critic/grad_norm", _value_loss)], layout)
 
 
 def cases() -> list[Case]:

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-LEVELS = ("L0", "L1", "L2", "L3")
+LEVELS = ("L0", "L1", "L2", "L3", "L4")
 
 #: Tolerances, stated once. L1 runs in float64; L2 in the model's dtype: the loss and the
 #: gradient norm are compared relatively, the parameter update relative to the learning rate

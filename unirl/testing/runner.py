@@ -13,9 +13,9 @@ from unirl.testing.results import LEVELS, Case, CheckResult
 
 def level_cases(level: str) -> list[Case]:
     """The checks of ``level``, in order, before anything runs."""
-    from unirl.testing import l0_translate, l1_math, l2_step, l3_run
+    from unirl.testing import l0_translate, l1_math, l2_step, l3_run, l4_layout
 
-    return {"L0": l0_translate, "L1": l1_math, "L2": l2_step, "L3": l3_run}[level].cases()
+    return {"L0": l0_translate, "L1": l1_math, "L2": l2_step, "L3": l3_run, "L4": l4_layout}[level].cases()
 
 
 def run_conformance(backend: str, levels: Sequence[str] = LEVELS, *, host: Any = None,

@@ -45,7 +45,7 @@ def _params(level: str) -> Any:
 
 
 class TrainerBackendTests:
-    """L0-L3 for one backend (``backend`` or ``--unirl-backend``); ``l3_overrides`` are added to
+    """L0-L4 for one backend (``backend`` or ``--unirl-backend``); ``l3_overrides`` are added to
     the L3 runs' recipes (e.g. the plugin's own task), ``learn_steps`` sets the learning run's
     (sft, rl) step counts (default 60, 100)."""
 
@@ -75,6 +75,10 @@ class TrainerBackendTests:
     @pytest.mark.slow
     @_params("L3")
     def test_l3_run(self, unirl_kit: KitContext, case: Any) -> None:
+        _run(case, unirl_kit)
+
+    @_params("L4")
+    def test_l4_layout(self, unirl_kit: KitContext, case: Any) -> None:
         _run(case, unirl_kit)
 
 

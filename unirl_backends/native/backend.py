@@ -20,6 +20,11 @@ class NativeBackend:
         self.recipe = recipe
 
     def build_trainer(self, ctx: BuildContext) -> Any:
+        """One process for ``parallel.dp=1``; FSDP2 rank processes otherwise (:mod:`.fsdp`)."""
+        if ctx.recipe.parallel.dp > 1:
+            from unirl_backends.native.fsdp import NativeDataParallelTrainer
+
+            return NativeDataParallelTrainer(ctx)
         from unirl_backends.native.trainer import NativeTrainer
 
         return NativeTrainer(ctx)

@@ -6,7 +6,8 @@ from unirl import hookimpl
 from unirl.capabilities import Capabilities, all_values
 
 #: The native backend computes every canonical value with the reference functions.
-CAPABILITIES = Capabilities(mode="engine", knobs=all_values())
+#: ``parallel.dp``: any number of FSDP2 ranks (unirl_backends.native.fsdp).
+CAPABILITIES = Capabilities(mode="engine", knobs=all_values(), parallel={"dp": None})
 
 
 @hookimpl

@@ -1,0 +1,28 @@
+"""L4: the same update whatever the layout. Every L2 step (sft, dpo, rm, rl, critic) again on each
+layout the backend declares (``parallel.dp=2`` today; tensor and pipeline parallel, ZeRO stages
+as backends declare them), against the same one-process oracle and within the same float32
+tolerances (``TOLERANCES["L2.float32"]``): data-parallel ranks, shards and micro-batching must
+not change the loss, the gradient norm or the update. A layout the backend does not declare is a
+reported skip."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from unirl.testing.l2_step import _critic_case, _rl_case, _stage_case
+from unirl.testing.results import Case
+
+#: the layouts every backend is asked for (each a set of ``parallel.*`` overrides)
+LAYOUTS: tuple[tuple[str, ...], ...] = (("parallel.dp=2",),)
+
+
+def cases() -> list[Case]:
+    out = []
+    for layout in LAYOUTS:
+        shown = " ".join(layout)
+        out += [Case(f"rl_step[algorithm.loss_agg=token_mean][{shown}]", "L4",
+                     partial(_rl_case, mode="token_mean", layout=layout)),
+                *(Case(f"{stage}_step[{shown}]", "L4", partial(_stage_case, stage=stage, layout=layout))
+                  for stage in ("sft", "dpo", "rm")),
+                Case(f"critic_step[{shown}]", "L4", partial(_critic_case, layout=layout))]
+    return out

@@ -1,0 +1,270 @@
+"""``backend=native`` with ``parallel.dp > 1``: the reference trainer on FSDP2 rank processes.
+
+Each rank (:mod:`unirl.distributed.ranks`: spawned processes, one gloo group; NCCL on GPUs)
+holds a :class:`NativeRank`: the reference trainer whose models are sharded with torch's
+``fully_shard`` (every decoder layer, then the whole model) and whose micro-batches cover only
+its own contiguous share of each batch. Every rank receives the whole batch, so the step-global
+normalisers (token and sequence counts) are those of dp=1; each rank's loss is its share of the
+step's loss, and the gradients are reduce-scattered as a sum (``set_gradient_divide_factor(1)``),
+so the update equals the one-process update up to float summation order. Logged statistics are
+shares too: the driver side (:class:`NativeDataParallelTrainer`) adds them over ranks.
+
+States leave the ranks whole (``torch.distributed.checkpoint.state_dict`` with
+``full_state_dict=True``), optimizer states keyed by parameter index as torch's AdamW keys
+them in one process: a checkpoint written with any ``parallel.dp`` resumes with any other. An
+optimizer that has not stepped yet is saved and loaded as it is, never through those functions:
+they first run a zero-gradient ``step()`` to create its state (torch/distributed/checkpoint/
+state_dict.py ``_init_optim_state``), which AdamW counts, so the first real step would take the
+bias correction of a second one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from unirl.engine.reference_trainer import ReferenceTrainer
+from unirl.errors import ConfigError
+from unirl.models.lifecycle import ModelSet
+from unirl.models.loading import load_causal_lm, load_scorer, load_tokenizer, save_hf_model
+from unirl.models.weights import WeightSync
+from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
+
+#: Row values that are the same on every rank (the rest are each rank's share, added over ranks).
+STEP_CONSTANTS = frozenset({"grad/norm", "critic/grad_norm", "lr", "tokens/trained"})
+
+
+def _full(everywhere: bool = True) -> Any:
+    """Whole (unsharded) states, on every rank or (``everywhere=False``) on rank 0 only."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
+
+
+class ShardedModelSet(ModelSet):
+    """The reference trainer's models, each sharded over the group with ``fully_shard``."""
+
+    def __init__(self, recipe: Any, model_path: str, tokenizer: Any, make_stepper: Any) -> None:
+        import torch.distributed as dist
+
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        super().__init__(recipe, model_path, tokenizer, make_stepper)
+
+    def place(self, model: torch.nn.Module) -> torch.nn.Module:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        for layer in getattr(model.base_model, "layers", []):
+            fully_shard(layer)
+        fully_shard(model)
+        # the gradient of the whole step is the sum of the ranks' shares: a plain SUM reduce-scatter
+        # (a divide factor alone asks for PREMUL_SUM, which gloo lacks: torch/distributed/fsdp/
+        # _fully_shard/_fsdp_collectives.py, _get_gradient_divide_factors)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+        return model
+
+    def full_state(self, name: str, everywhere: bool = True) -> dict[str, torch.Tensor]:
+        """Every rank takes part; with ``everywhere=False`` only rank 0 receives the tensors."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.models[name], options=_full(everywhere))
+
+    def load_full_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.models[name], state, options=_full())
+
+    def unsharded(self, name: str) -> torch.nn.Module:
+        return self._plain(name, self.full_state(name))
+
+    def _plain(self, name: str, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+        if name in ("policy", "reference"):
+            plain = load_causal_lm(self.model_path, self.recipe.model.dtype)
+        else:
+            plain = load_scorer(self.model_path, self.recipe.model.dtype, per_token=name == "critic",
+                                pad_token_id=self.tokenizer.pad_token_id)
+        plain.load_state_dict(state)
+        plain.train(self.models[name].training)
+        return plain
+
+    def micro_batches(self, n: int, size: int | None = None) -> list[slice]:
+        """This rank's contiguous share of ``n`` rows, in micro-batches."""
+        if n % self.world:
+            raise ConfigError(f"parallel.dp={self.world} does not divide a batch of {n} rows: every rank trains on "
+                              f"an equal share", key="parallel.dp", value=self.world)
+        share = n // self.world
+        start = self.rank * share
+        return [slice(start + s.start, start + s.stop) for s in super().micro_batches(share, size)]
+
+    def export(self, run_dir: str) -> dict[str, str]:
+        """Every rank gathers the whole models; rank 0 writes them."""
+        from unirl.models.lifecycle import EXPORT_FOLDERS
+
+        out = {}
+        for name, folder in EXPORT_FOLDERS:
+            if name in self.trained or (name == "policy" and not self.trained):
+                state = self.full_state(name, everywhere=False)
+                path = str(Path(run_dir) / folder)
+                if self.rank == 0:
+                    save_hf_model(self._plain(name, state), self.tokenizer, path)
+                out[name] = path
+        return out
+
+
+def _param_names(model: torch.nn.Module) -> list[str]:
+    """Names of the parameters an optimizer of ``model`` steps, in its order (tied ones once)."""
+    return [name for name, p in model.named_parameters() if p.requires_grad]
+
+
+def _by_index(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """A full optimizer state dict keyed by parameter name as torch's AdamW keys it in one process."""
+    index = {n: i for i, n in enumerate(names)}
+    return {"state": {index[n]: v for n, v in state["state"].items()},
+            "param_groups": [dict(g, params=[index[n] for n in g["params"]]) for g in state["param_groups"]]}
+
+
+def _by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    return {"state": {names[i]: v for i, v in state["state"].items()},
+            "param_groups": [dict(g, params=[names[i] for i in g["params"]]) for g in state["param_groups"]]}
+
+
+class NativeRank(ReferenceTrainer):
+    """One data-parallel rank of the native trainer (built in its rank process)."""
+
+    def __init__(self, recipe: Any, model_path: str) -> None:
+        self.recipe, self.model_path = recipe, model_path
+        self.tokenizer = load_tokenizer(model_path)
+        torch.manual_seed(recipe.seed)
+        self.models = ShardedModelSet(recipe, model_path, self.tokenizer, self.make_optimizer)
+
+    def optimizer_step(self, name: str, lr: float) -> torch.Tensor:
+        """As in one process, with the norm of the sharded gradients (a DTensor reduced over ranks)."""
+        from torch.distributed.tensor import DTensor
+
+        optimizer, model = self.models.steppers[name], self.models.models[name]
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        if not torch.isfinite(norm):
+            optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"{name} gradient norm is {float(norm)}; the step was skipped, weights unchanged")
+        if self.recipe.trainer.grad_clip is not None:
+            torch.nn.utils.clip_grads_with_norm_(params, self.recipe.trainer.grad_clip, norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def full_policy(self) -> dict[str, torch.Tensor]:
+        """The whole policy (on rank 0; the others return an empty dict)."""
+        return self.models.full_state("policy", everywhere=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Whole states on rank 0 (the others take part and return None), optimizers keyed by
+        parameter index as in one process."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        models = {k: self.models.full_state(k, everywhere=False) for k in self.models.models}
+        optimizers = {}
+        for k, optimizer in self.models.steppers.items():
+            if not optimizer.state:  # never stepped (the same on every rank): nothing to gather, see below
+                optimizers[k] = optimizer.state_dict()
+            else:
+                state = get_optimizer_state_dict(self.models.models[k], optimizer, options=_full(everywhere=False))
+                optimizers[k] = _by_index(state, _param_names(self.models.models[k])) if self.models.rank == 0 else None
+        if self.models.rank != 0:
+            return None
+        return {"models": models, "optimizers": optimizers, "trained": sorted(self.models.trained)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        self.models.restore_models(state["models"])
+        for name, sd in state["optimizers"].items():
+            model, optimizer = self.models.models[name], self.models.steppers[name]
+            if not sd["state"]:  # saved before its first step
+                optimizer.load_state_dict(sd)
+                continue
+            set_optimizer_state_dict(model, optimizer, _by_name(sd, _param_names(model)), options=_full())
+        self.models.trained = set(state["trained"])
+
+
+def make_native_rank(recipe: dict[str, Any], model_path: str) -> NativeRank:
+    """The rank worker, from plain data (what a spawned rank process receives)."""
+    from omegaconf import OmegaConf
+
+    return NativeRank(OmegaConf.create(recipe), model_path)
+
+
+def _merge(rows: list[dict[str, float]]) -> dict[str, float]:
+    """One row from every rank's: shares added, step constants from rank 0."""
+    return {k: v if k in STEP_CONSTANTS else sum(r[k] for r in rows) for k, v in rows[0].items()}
+
+
+class NativeDataParallelTrainer:
+    """An :class:`unirl.protocols.EngineTrainer` over :class:`NativeRank` on ``parallel.dp`` ranks:
+    one call to the ranks per ``supervised_step``, ``score`` and ``update``."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        from omegaconf import OmegaConf
+
+        from unirl.distributed.ranks import start_ranks
+
+        self.recipe, self.model_path = ctx.recipe, ctx.model_path
+        self.tokenizer = ctx.tokenizer or load_tokenizer(ctx.model_path)
+        self.ranks = start_ranks(make_native_rank, OmegaConf.to_container(self.recipe, resolve=True), self.model_path,
+                                 world=self.recipe.parallel.dp, name="native",
+                                 collectives=bool(self.recipe.profile.collectives))
+        self.weights = WeightSync()
+
+    def begin_stage(self, stage_type: str) -> None:
+        self.ranks.call("begin_stage", stage_type=stage_type)
+
+    def supervised_step(self, stage_type: str, batch: Any, lr: float) -> dict[str, float]:
+        row = _merge(self.ranks.counted_call("supervised_step", stage_type=stage_type, batch=batch, lr=lr))
+        self.weights.updated()
+        return row
+
+    def score(self, batch: Any, request: ScoreRequest) -> Scores:
+        parts = self.ranks.counted_call("score", batch=batch, request=request)
+        return Scores(**{f: torch.cat([getattr(p, f) for p in parts]) if getattr(parts[0], f) is not None else None
+                         for f in ("old_logprobs", "ref_logprobs", "values")})
+
+    def update(self, batch: Any, plan: UpdatePlan) -> dict[str, float]:
+        row = _merge(self.ranks.counted_call("update", batch=batch, plan=plan))
+        self.weights.updated()
+        return row
+
+    def policy_module(self) -> Any:
+        return None  # the policy is sharded over the ranks: a rollout keeps a copy (sync_weights)
+
+    def sync_weights(self, rollout: RolloutEngine) -> dict[str, float]:
+        return self.weights.sync(rollout, lambda: self.ranks.call("full_policy")[0])
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.ranks.call("state_dict")[0]
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ranks.call("load_state_dict", state=state)
+        self.weights.updated()
+
+    def export(self, run_dir: str) -> dict[str, str]:
+        return self.ranks.call("export", run_dir=run_dir)[0]
+
+    def rank_metrics(self) -> dict[str, float]:
+        """The ranks' peak memory, and ``comm/*`` of their collectives since the last call."""
+        from unirl.metrics import MEMORY_RANK_PEAK
+
+        out = self.ranks.take_collectives()
+        if peaks := self.ranks.peak_memory_bytes():
+            out[MEMORY_RANK_PEAK] = float(max(peaks))
+        return out
+
+    def close(self) -> None:
+        self.ranks.close()
