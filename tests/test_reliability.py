@@ -300,7 +300,8 @@ def test_any_backends_checkpoint_exports_to_hf_and_starts_a_run_on_the_next_back
                                                                                    tmp_path):
     """`unirl export` of a checkpoint written by each backend: the HF model equals the weights the
     run itself exported (bit for bit; the export also checks reloaded logits), and it is the
-    model.path of a run on the next backend of the cycle."""
+    model.path of a run on the next backend of the cycle, which trains on exactly those weights:
+    one step at lr 1e-30 leaves them as they were (to 1e-12), so its logits are the source's."""
     from unirl.plugin_manager import get_plugin_host
 
     installed = [b for b in _CYCLE if b in get_plugin_host().registry.names("backend")]
@@ -316,7 +317,9 @@ def test_any_backends_checkpoint_exports_to_hf_and_starts_a_run_on_the_next_back
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     nxt = installed[(installed.index(backend) + 1) % len(installed)]
     assert main(["run", str(sft), *common[1:], f"model.path={tmp_path / 'hf'}", "stages.0.steps=1",
-                 f"backend={nxt}", f"run.dir={tmp_path / 'next'}"]) == 0
+                 "stages.0.lr=1e-30", f"backend={nxt}", f"run.dir={tmp_path / 'next'}"]) == 0
+    c = load_file(str(tmp_path / "next" / "model" / "model.safetensors"))
+    assert c.keys() == a.keys() and max(float((c[k] - a[k]).abs().max()) for k in a) <= 1e-12
 
 
 def test_export_refuses_what_is_not_a_checkpoint(tmp_path, capsys):
