@@ -48,3 +48,51 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: int = 600) -
 def read_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
+
+
+# ----------------------------------------------------------------------------- layouts
+# Runs of one recipe on two layouts (or two backends) compared row by row: the data-parallel,
+# ZeRO, tensor- and pipeline-parallel tests state their tolerance with these.
+
+#: the demo cut to 3 SFT + 3 GRPO steps of 4 prompts x 4 samples, no intermediate checkpoint
+LAYOUT_SHORT = ["stages.0.steps=3", "stages.1.steps=3", "stages.1.batch_size=4", "algorithm.group_size=4",
+                "trainer.micro_batch_size=4", "checkpoint.every=0", "run.threads=1"]
+#: the logged values a layout must not change
+LAYOUT_KEYS = ("loss/sft", "loss/total", "loss/policy", "loss/dpo", "loss/rm", "grad/norm", "kl/mean", "clip/frac",
+               "entropy/mean", "rewards/margin", "rm/accuracy")
+
+
+def run_recipe(recipe: Path, run_dir: Path, model: Path, *extra: str) -> list[dict]:
+    """``unirl run`` in this process; the run's metrics rows."""
+    from unirl.cli import main
+
+    assert main(["run", str(recipe), f"model.path={model}", f"run.dir={run_dir}", *extra]) == 0
+    assert json.loads((run_dir / "run.json").read_text())["status"] in ("completed", "stopped")
+    return read_rows(run_dir)
+
+
+def same_curve(one: list[dict], two: list[dict], rel: float = 1e-4) -> float:
+    """Every row's losses and norms equal to ``rel`` (rewards exactly: the same samples); the worst
+    relative difference."""
+    assert [r["global_step"] for r in one] == [r["global_step"] for r in two]
+    worst = 0.0
+    for a, b in zip(one, two, strict=True):
+        if "reward/mean" in a:
+            assert a["reward/mean"] == b["reward/mean"]  # the same samples
+        for key in LAYOUT_KEYS:
+            if key in a:
+                diff = abs(a[key] - b[key])
+                assert diff / max(abs(a[key]), 1e-12) <= rel or diff <= 1e-9, (key, a, b)
+                worst = max(worst, diff / max(abs(a[key]), 1e-12) if diff > 1e-9 else 0.0)
+    return worst
+
+
+def same_weights(a: Path, b: Path, atol: float = 1e-5, folder: str = "model") -> float:
+    """The two runs' exported ``folder`` equal to ``atol``; the largest difference."""
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(str(a / folder / "model.safetensors")), load_file(str(b / folder / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    assert worst <= atol, worst
+    return worst

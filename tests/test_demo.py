@@ -9,12 +9,17 @@ import pytest
 from tests.conftest import DEMO, read_rows, run_cli
 
 
+#: each backend on its own (layouts on several ranks for the parallel engines: the issue's acceptance)
+BACKENDS = [("native", ()), ("trl", ()), ("verl", ()), ("openrlhf", ()),
+            ("deepspeed", ("parallel.dp=2", "parallel.zero_stage=3")), ("megatron", ("parallel.tp=2",))]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["native", "trl", "verl", "openrlhf"])
-def test_demo_recipe_learns(tmp_path, backend):
+@pytest.mark.parametrize("backend, layout", BACKENDS, ids=[" ".join([b, *lay]) for b, lay in BACKENDS])
+def test_demo_recipe_learns(tmp_path, backend, layout):
     """The same rule on every backend that runs the recipe: reward gain and greedy accuracy."""
     run_dir = tmp_path / "demo"
-    proc = run_cli("run", str(DEMO), f"run.dir={run_dir}", f"backend={backend}", timeout=900)
+    proc = run_cli("run", str(DEMO), f"run.dir={run_dir}", f"backend={backend}", *layout, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = [r for r in read_rows(run_dir) if r["stage_type"] == "rl"]
     assert len(rows) == 300

@@ -292,7 +292,9 @@ def test_a_missing_relative_model_path_is_not_taken_for_a_hub_id(tmp_path, monke
     assert "HF_HUB_OFFLINE is set" in _err(capsys)
 
 
-_CYCLE = ("native", "trl", "openrlhf", "verl")
+#: each with the layout its checkpoint is written on (exports come from sharded layouts too)
+_CYCLE = ("native", "trl", "openrlhf", "verl", "deepspeed parallel.dp=2 parallel.zero_stage=3",
+          "megatron parallel.tp=2")
 
 
 @pytest.mark.parametrize("backend", _CYCLE)
@@ -304,20 +306,21 @@ def test_any_backends_checkpoint_exports_to_hf_and_starts_a_run_on_the_next_back
     one step at lr 1e-30 leaves them as they were (to 1e-12), so its logits are the source's."""
     from unirl.plugin_manager import get_plugin_host
 
-    installed = [b for b in _CYCLE if b in get_plugin_host().registry.names("backend")]
+    installed = [b for b in _CYCLE if b.split()[0] in get_plugin_host().registry.names("backend")]
     if backend not in installed:
         pytest.skip(f"backend {backend!r} is not installed")
+    name, *layout = backend.split()
     sft = ROOT / "configs" / "sft_tiny.yaml"
     common = [f"model.path={tiny_model_dir}", "stages.0.steps=2", "stages.0.batch_size=4",
               "trainer.micro_batch_size=4", "checkpoint.every=1", "run.threads=1"]
     src = tmp_path / "src"
-    assert main(["run", str(sft), *common, f"backend={backend}", f"run.dir={src}"]) == 0
+    assert main(["run", str(sft), *common, f"backend={name}", *layout, f"run.dir={src}"]) == 0
     assert main(["export", str(src / "checkpoints" / "step-00000002"), str(tmp_path / "hf")]) == 0
     a, b = load_file(str(tmp_path / "hf" / "model.safetensors")), load_file(str(src / "model" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    nxt = installed[(installed.index(backend) + 1) % len(installed)]
+    nxt, *nxt_layout = installed[(installed.index(backend) + 1) % len(installed)].split()
     assert main(["run", str(sft), *common[1:], f"model.path={tmp_path / 'hf'}", "stages.0.steps=1",
-                 "stages.0.lr=1e-30", f"backend={nxt}", f"run.dir={tmp_path / 'next'}"]) == 0
+                 "stages.0.lr=1e-30", f"backend={nxt}", *nxt_layout, f"run.dir={tmp_path / 'next'}"]) == 0
     c = load_file(str(tmp_path / "next" / "model" / "model.safetensors"))
     assert c.keys() == a.keys() and max(float((c[k] - a[k]).abs().max()) for k in a) <= 1e-12
 
@@ -354,19 +357,25 @@ def _rows(run_dir: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-@pytest.mark.parametrize("backend,where", [("native", "inside a checkpoint write"), ("native", "mid-step"),
-                                           ("trl", "mid-step"), ("openrlhf", "mid-step"), ("verl", "mid-step")])
+_KILLS = [("native", "inside a checkpoint write"), ("native", "mid-step"), ("trl", "mid-step"),
+          ("openrlhf", "mid-step"), ("verl", "mid-step"), ("native parallel.dp=2", "mid-step"),
+          ("deepspeed parallel.dp=2 parallel.zero_stage=3", "mid-step"), ("megatron parallel.tp=2", "mid-step")]
+
+
+@pytest.mark.parametrize("backend,where", _KILLS)
 def test_sigkill_then_resume_ends_identical_to_an_uninterrupted_run(backend, where, tiny_model_dir, tmp_path):
     """SIGKILL (no chance to clean up), then resume=auto: the same final weights and metrics rows
     as a run never interrupted. "inside a checkpoint write": the writer is held half-done (weights
-    written, no state or manifest) when the kill lands."""
+    written, no state or manifest) when the kill lands. Runs on two ranks too: the driver is
+    killed, its rank processes end with it."""
+    backend, *layout = backend.split()
     from unirl.plugin_manager import get_plugin_host
 
     if backend not in get_plugin_host().registry.names("backend"):
         pytest.skip(f"backend {backend!r} is not installed")
     args = [str(DEMO), f"model.path={tiny_model_dir}", "stages.0.steps=3", "stages.1.steps=4", "stages.1.batch_size=2",
             "algorithm.group_size=4", "trainer.micro_batch_size=8", "checkpoint.every=2", "checkpoint.keep=3",
-            f"backend={backend}", "run.threads=1"]
+            f"backend={backend}", "run.threads=1", *layout]
     full, part = tmp_path / "full", tmp_path / "part"
     assert main(["run", *args, f"run.dir={full}"]) == 0
     if where == "inside a checkpoint write":

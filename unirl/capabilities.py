@@ -91,13 +91,15 @@ class Capabilities:
     gets, so a backend may offer both (verl, openrlhf: ``backend_options.mode``).
     ``knobs``: canonical knob -> {value: Support}; ``stages.type`` lists the stage types.
     ``fixed``: recipe keys the framework hard-codes (:class:`Fixed`).
-    ``parallel``: the largest size of each ``parallel.*`` dimension it runs (None: any).
+    ``parallel``: the largest size of each ``parallel.*`` dimension it runs (``dp``, ``tp``,
+    ``pp``; None: any; undeclared: 1), and the values of each ``parallel.*`` option it runs
+    (``zero_stage``, ``offload``: a tuple; undeclared: ``(0,)`` and ``("none",)``).
     """
 
     mode: str = "engine"
     knobs: Mapping[str, Mapping[Any, Support]] = field(default_factory=dict)
     fixed: Mapping[str, Fixed] = field(default_factory=dict)
-    parallel: Mapping[str, int | None] = field(default_factory=lambda: {"dp": 1})
+    parallel: Mapping[str, Any] = field(default_factory=lambda: {"dp": 1})
 
     def support(self, key: str, value: Any) -> Support:
         values = self.knobs.get(key)

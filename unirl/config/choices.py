@@ -17,3 +17,5 @@ LOSS_AGG = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean
 KL_ESTIMATORS = ("k1", "k2", "k3")
 DPO_LOSSES = ("sigmoid", "ipo")
 DTYPES = ("float32", "bfloat16", "float16")
+ZERO_STAGES = (0, 1, 2, 3)
+OFFLOAD = ("none", "optimizer", "all")

@@ -19,7 +19,7 @@ from omegaconf import errors as oc_errors
 
 from unirl.capabilities import Support, recipe_knobs
 from unirl.config import choices
-from unirl.config.schema import COMPONENT_SECTIONS, PARALLEL_DIMS, RecipeConfig
+from unirl.config.schema import COMPONENT_SECTIONS, PARALLEL_DIMS, PARALLEL_OPTIONS, RecipeConfig
 from unirl.errors import CapabilityError, ConfigError, did_you_mean
 
 
@@ -266,6 +266,16 @@ def _check_values(cfg: Any) -> None:
     _at_least("run.threads", cfg.run.threads, 1)
     for dim in PARALLEL_DIMS:
         _at_least(f"parallel.{dim}", cfg.parallel[dim], 1)
+    if cfg.parallel.zero_stage not in choices.ZERO_STAGES:
+        raise ConfigError(f"parallel.zero_stage={cfg.parallel.zero_stage!r} is not a ZeRO stage: it must be one of "
+                          f"{', '.join(map(str, choices.ZERO_STAGES))} (0 none, 1 optimizer states sharded over the "
+                          f"dp ranks, 2 and gradients, 3 and parameters).", key="parallel.zero_stage",
+                          value=cfg.parallel.zero_stage)
+    _one_of("parallel.offload", cfg.parallel.offload, choices.OFFLOAD)
+    if cfg.parallel.offload == "all" and cfg.parallel.zero_stage != 3:
+        raise ConfigError(f"parallel.offload=all keeps the parameters in CPU memory, which needs them sharded: set "
+                          f"parallel.zero_stage=3 (it is {cfg.parallel.zero_stage}), or parallel.offload=optimizer.",
+                          key="parallel.offload", value="all")
     dp = cfg.parallel.dp
     names: set[str] = set()
     for i, stage in enumerate(cfg.stages):
@@ -381,6 +391,13 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
                 f"it runs at most {largest} {what} ranks"
             raise CapabilityError(backend=backend_reg.name, key=f"parallel.{dim}", value=size, supported_by=others,
                                   reason=limit)
+    for option, default in PARALLEL_OPTIONS.items():
+        value, runs = cfg.parallel[option], caps.parallel.get(option, default)
+        if value not in runs:
+            others = [r.name for r in registry.entries["backend"].values() if r.capabilities is not None
+                      and value in r.capabilities.parallel.get(option, default)]
+            raise CapabilityError(backend=backend_reg.name, key=f"parallel.{option}", value=value, supported_by=others,
+                                  reason=f"it runs parallel.{option}={' | '.join(map(str, runs))}")
     for key, asked, fixed in caps.fixed_values(cfg):
         if fixed.approximate and not cfg.run.strict:
             continue  # the driver prints and records it as a deviation

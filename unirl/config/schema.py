@@ -114,10 +114,17 @@ class ParallelSection:
     dp: int = 1  # data-parallel ranks; backends declare how many they run (Capabilities.parallel)
     tp: int = 1  # tensor-parallel ranks (each layer's matrices split over them)
     pp: int = 1  # pipeline-parallel stages (the layers split over them)
+    # ZeRO stage over the dp ranks: 0 none, 1 optimizer states sharded, 2 and gradients, 3 and parameters
+    # (DeepSpeed's stages; Megatron's distributed optimizer is stage 1; native FSDP2 always shards everything)
+    zero_stage: int = 0
+    offload: str = "none"  # none | optimizer (optimizer states and step in CPU memory) | all (and parameters, ZeRO-3)
 
 
 #: ``parallel`` dimensions a backend declares a largest size for (``Capabilities.parallel``; None: any)
 PARALLEL_DIMS = {"dp": "data-parallel", "tp": "tensor-parallel", "pp": "pipeline-parallel"}
+#: ``parallel`` options a backend declares the values of (``Capabilities.parallel``: a tuple of what it runs)
+#: and the value every backend runs when it declares nothing
+PARALLEL_OPTIONS = {"zero_stage": (0,), "offload": ("none",)}
 
 
 @dataclass

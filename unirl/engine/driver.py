@@ -21,11 +21,12 @@ from unirl import metrics as M
 from unirl.errors import ConfigError, PluginLoadError, RunError, UsageError
 
 #: Keys that may differ between a run and its resumption (they steer the process, not the math).
-#: ``parallel.dp``: every backend checkpoints full (unsharded) states, so a run resumes on another
-#: number of data-parallel ranks.
+#: ``parallel.*``: every backend checkpoints full (unsharded) states, so a run resumes on another
+#: number of data-parallel ranks, ZeRO stage or offload (backend=deepspeed), and (backend=megatron)
+#: on another tensor / pipeline layout.
 RESUME_FREE_KEYS = {"resume", "run.stop_after", "run.overwrite", "run.log_every", "run.threads",
                     "run.max_nonfinite_in_a_row", "reward.isolation", "reward.timeout_s", "reward.memory_mb",
-                    "parallel.dp"}
+                    "parallel.dp", "parallel.tp", "parallel.pp", "parallel.zero_stage", "parallel.offload"}
 _OWNED = ("config.yaml", "metrics.jsonl", "checkpoints", "model", "critic", "reward_model", "base_model", "run.json")
 
 

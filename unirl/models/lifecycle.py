@@ -23,6 +23,14 @@ EXPORT_FOLDERS = (("policy", "model"), ("critic", "critic"), ("reward_model", "r
 
 
 class ModelSet:
+    """The models of a trainer (policy, reference, critic, reward model) and what steps them.
+
+    ``rank`` / ``world``: this process's share of every batch. One process trains on all of
+    it; a data-parallel subclass sets them, and :meth:`micro_batches` then covers only its
+    rank's contiguous share, so the step-global normalisers stay those of one process."""
+
+    rank, world = 0, 1
+
     def __init__(self, recipe: Any, model_path: str, tokenizer: Any,
                  make_stepper: Callable[[torch.nn.Module, float], Any]) -> None:
         self.recipe, self.model_path, self.tokenizer = recipe, model_path, tokenizer
@@ -57,10 +65,32 @@ class ModelSet:
         """Model ``name`` as one plain module (to save it)."""
         return self.models[name]
 
+    def plain(self, name: str, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+        """A new plain module of model ``name``'s kind holding ``state`` (to save or copy a
+        model that a subclass keeps sharded)."""
+        if name in ("policy", "reference"):
+            model = load_causal_lm(self.model_path, self.recipe.model.dtype)
+        else:
+            model = load_scorer(self.model_path, self.recipe.model.dtype, per_token=name == "critic",
+                                pad_token_id=self.tokenizer.pad_token_id)
+        model.load_state_dict(state)
+        model.train(self.models[name].training)
+        return model
+
     def micro_batches(self, n: int, size: int | None = None) -> list[slice]:
-        """``trainer.micro_batch_size`` (or ``size``) slices covering ``n`` rows (the last may be shorter)."""
+        """``trainer.micro_batch_size`` (or ``size``) slices covering ``n`` rows (the last may be
+        shorter); with ``world > 1``, only this rank's contiguous share of the ``n`` rows."""
         size = size or self.recipe.trainer.micro_batch_size
-        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+        start = 0
+        if self.world > 1:
+            if n % self.world:
+                from unirl.errors import ConfigError
+
+                raise ConfigError(f"parallel.dp={self.world} does not divide a batch of {n} rows: every rank trains on "
+                                  f"an equal share", key="parallel.dp", value=self.world)
+            n //= self.world
+            start = self.rank * n
+        return [slice(start + i, start + min(i + size, n)) for i in range(0, n, size)]
 
     def stepped(self, name: str) -> None:
         """Record an optimizer step of model ``name`` (exported as trained; a new policy version)."""
@@ -120,7 +150,9 @@ class ModelSet:
         for name, folder in EXPORT_FOLDERS:
             if name in self.trained or (name == "policy" and not self.trained):
                 path = str(Path(run_dir) / folder)
-                save_hf_model(self.unsharded(name), self.tokenizer, path)
+                model = self.unsharded(name)  # every rank takes part in gathering a sharded model
+                if self.rank == 0:
+                    save_hf_model(model, self.tokenizer, path)
                 out[name] = path
         return out
 

@@ -1,6 +1,6 @@
 """L4: the same update whatever the layout. Every L2 step (sft, dpo, rm, rl, critic) again on each
-layout the backend declares (``parallel.dp=2`` today; tensor and pipeline parallel, ZeRO stages
-as backends declare them), against the same one-process oracle and within the same float32
+layout of :data:`LAYOUTS` the backend declares (data, tensor and pipeline parallel, ZeRO stages,
+offload), against the same one-process oracle and within the same float32
 tolerances (``TOLERANCES["L2.float32"]``): data-parallel ranks, shards and micro-batching must
 not change the loss, the gradient norm or the update. A layout the backend does not declare is a
 reported skip."""
@@ -13,7 +13,13 @@ from unirl.testing.l2_step import _critic_case, _rl_case, _stage_case
 from unirl.testing.results import Case
 
 #: the layouts every backend is asked for (each a set of ``parallel.*`` overrides)
-LAYOUTS: tuple[tuple[str, ...], ...] = (("parallel.dp=2",),)
+LAYOUTS: tuple[tuple[str, ...], ...] = (
+    ("parallel.dp=2",),
+    ("parallel.dp=2", "parallel.zero_stage=2"),
+    ("parallel.dp=2", "parallel.zero_stage=3", "parallel.offload=optimizer"),
+    ("parallel.tp=2",),
+    ("parallel.pp=2",),
+)
 
 
 def cases() -> list[Case]:

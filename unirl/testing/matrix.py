@@ -64,6 +64,7 @@ def render(host: Any | None = None) -> str:
     for key, value in all_knob_values():
         subject = f"{key}={shown(value)}"
         lines.append(f"| `{key}` | `{shown(value)}` | " + " | ".join(cells[subject][b] for b in backends) + " |")
+    lines += _layouts(host, backends)
     fixed = [(b, key, f) for b in backends for key, f in
              (host.registry.get("backend", b).capabilities.fixed.items()
               if host.registry.get("backend", b).capabilities else [])]
@@ -79,6 +80,26 @@ def render(host: Any | None = None) -> str:
             lines.append(f"| {b} | `{key}` | `{f.value!r}` | {when} | "
                          f"{_on_other(f)} | {f.where} |")
     return "\n".join(lines) + "\n"
+
+
+def _layouts(host: Any, backends: list[str]) -> list[str]:
+    """What each backend declares of the recipe's ``parallel`` section (conformance L4 checks it)."""
+    from unirl.config.schema import PARALLEL_DIMS, PARALLEL_OPTIONS
+
+    def cell(caps: Any, key: str) -> str:
+        if key in PARALLEL_DIMS:
+            largest = caps.parallel.get(key, 1)
+            return "any" if largest is None else "1 only" if largest == 1 else f"up to {largest}"
+        return " / ".join(map(str, caps.parallel.get(key, PARALLEL_OPTIONS[key])))
+
+    lines = ["", "## Layouts", "",
+             "What each backend runs of the recipe's `parallel` section; another value is refused before any rank",
+             "starts. Conformance L4 checks that every declared layout trains the same update as one process.", "",
+             f"| key | {' | '.join(backends)} |", f"|---|{'---|' * len(backends)}"]
+    for key in (*PARALLEL_DIMS, *PARALLEL_OPTIONS):
+        lines.append(f"| `parallel.{key}` | " + " | ".join(
+            cell(host.registry.get("backend", b).capabilities, key) for b in backends) + " |")
+    return lines
 
 
 def _on_other(f: Any) -> str:

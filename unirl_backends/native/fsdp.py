@@ -7,7 +7,7 @@ its own contiguous share of each batch. Every rank receives the whole batch, so 
 normalisers (token and sequence counts) are those of dp=1; each rank's loss is its share of the
 step's loss, and the gradients are reduce-scattered as a sum (``set_gradient_divide_factor(1)``),
 so the update equals the one-process update up to float summation order. Logged statistics are
-shares too: the driver side (:class:`NativeDataParallelTrainer`) adds them over ranks.
+shares too: the driver side (:class:`unirl.engine.ranked.RankedTrainer`) adds them over ranks.
 
 States leave the ranks whole (``torch.distributed.checkpoint.state_dict`` with
 ``full_state_dict=True``), optimizer states keyed by parameter index as torch's AdamW keys
@@ -25,16 +25,11 @@ from typing import Any
 
 import torch
 
+from unirl.engine.ranked import RankedTrainer
 from unirl.engine.reference_trainer import ReferenceTrainer
-from unirl.errors import ConfigError
 from unirl.models.lifecycle import ModelSet
-from unirl.models.loading import load_causal_lm, load_scorer, load_tokenizer, save_hf_model
-from unirl.models.weights import WeightSync
-from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
-
-#: Row values that are the same on every rank (the rest are each rank's share, added over ranks).
-STEP_CONSTANTS = frozenset({"grad/norm", "critic/grad_norm", "lr", "tokens/trained"})
-
+from unirl.models.loading import load_tokenizer, save_hf_model
+from unirl.protocols import BuildContext
 
 def _full(everywhere: bool = True) -> Any:
     """Whole (unsharded) states, on every rank or (``everywhere=False``) on rank 0 only."""
@@ -79,26 +74,7 @@ class ShardedModelSet(ModelSet):
         set_model_state_dict(self.models[name], state, options=_full())
 
     def unsharded(self, name: str) -> torch.nn.Module:
-        return self._plain(name, self.full_state(name))
-
-    def _plain(self, name: str, state: dict[str, torch.Tensor]) -> torch.nn.Module:
-        if name in ("policy", "reference"):
-            plain = load_causal_lm(self.model_path, self.recipe.model.dtype)
-        else:
-            plain = load_scorer(self.model_path, self.recipe.model.dtype, per_token=name == "critic",
-                                pad_token_id=self.tokenizer.pad_token_id)
-        plain.load_state_dict(state)
-        plain.train(self.models[name].training)
-        return plain
-
-    def micro_batches(self, n: int, size: int | None = None) -> list[slice]:
-        """This rank's contiguous share of ``n`` rows, in micro-batches."""
-        if n % self.world:
-            raise ConfigError(f"parallel.dp={self.world} does not divide a batch of {n} rows: every rank trains on "
-                              f"an equal share", key="parallel.dp", value=self.world)
-        share = n // self.world
-        start = self.rank * share
-        return [slice(start + s.start, start + s.stop) for s in super().micro_batches(share, size)]
+        return self.plain(name, self.full_state(name))
 
     def export(self, run_dir: str) -> dict[str, str]:
         """Every rank gathers the whole models; rank 0 writes them."""
@@ -110,7 +86,7 @@ class ShardedModelSet(ModelSet):
                 state = self.full_state(name, everywhere=False)
                 path = str(Path(run_dir) / folder)
                 if self.rank == 0:
-                    save_hf_model(self._plain(name, state), self.tokenizer, path)
+                    save_hf_model(self.plain(name, state), self.tokenizer, path)
                 out[name] = path
         return out
 
@@ -202,69 +178,8 @@ def make_native_rank(recipe: dict[str, Any], model_path: str) -> NativeRank:
     return NativeRank(OmegaConf.create(recipe), model_path)
 
 
-def _merge(rows: list[dict[str, float]]) -> dict[str, float]:
-    """One row from every rank's: shares added, step constants from rank 0."""
-    return {k: v if k in STEP_CONSTANTS else sum(r[k] for r in rows) for k, v in rows[0].items()}
-
-
-class NativeDataParallelTrainer:
-    """An :class:`unirl.protocols.EngineTrainer` over :class:`NativeRank` on ``parallel.dp`` ranks:
-    one call to the ranks per ``supervised_step``, ``score`` and ``update``."""
+class NativeDataParallelTrainer(RankedTrainer):
+    """The driver's side: :class:`NativeRank` on ``parallel.dp`` rank processes."""
 
     def __init__(self, ctx: BuildContext) -> None:
-        from omegaconf import OmegaConf
-
-        from unirl.distributed.ranks import start_ranks
-
-        self.recipe, self.model_path = ctx.recipe, ctx.model_path
-        self.tokenizer = ctx.tokenizer or load_tokenizer(ctx.model_path)
-        self.ranks = start_ranks(make_native_rank, OmegaConf.to_container(self.recipe, resolve=True), self.model_path,
-                                 world=self.recipe.parallel.dp, name="native",
-                                 collectives=bool(self.recipe.profile.collectives))
-        self.weights = WeightSync()
-
-    def begin_stage(self, stage_type: str) -> None:
-        self.ranks.call("begin_stage", stage_type=stage_type)
-
-    def supervised_step(self, stage_type: str, batch: Any, lr: float) -> dict[str, float]:
-        row = _merge(self.ranks.counted_call("supervised_step", stage_type=stage_type, batch=batch, lr=lr))
-        self.weights.updated()
-        return row
-
-    def score(self, batch: Any, request: ScoreRequest) -> Scores:
-        parts = self.ranks.counted_call("score", batch=batch, request=request)
-        return Scores(**{f: torch.cat([getattr(p, f) for p in parts]) if getattr(parts[0], f) is not None else None
-                         for f in ("old_logprobs", "ref_logprobs", "values")})
-
-    def update(self, batch: Any, plan: UpdatePlan) -> dict[str, float]:
-        row = _merge(self.ranks.counted_call("update", batch=batch, plan=plan))
-        self.weights.updated()
-        return row
-
-    def policy_module(self) -> Any:
-        return None  # the policy is sharded over the ranks: a rollout keeps a copy (sync_weights)
-
-    def sync_weights(self, rollout: RolloutEngine) -> dict[str, float]:
-        return self.weights.sync(rollout, lambda: self.ranks.call("full_policy")[0])
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.ranks.call("state_dict")[0]
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.ranks.call("load_state_dict", state=state)
-        self.weights.updated()
-
-    def export(self, run_dir: str) -> dict[str, str]:
-        return self.ranks.call("export", run_dir=run_dir)[0]
-
-    def rank_metrics(self) -> dict[str, float]:
-        """The ranks' peak memory, and ``comm/*`` of their collectives since the last call."""
-        from unirl.metrics import MEMORY_RANK_PEAK
-
-        out = self.ranks.take_collectives()
-        if peaks := self.ranks.peak_memory_bytes():
-            out[MEMORY_RANK_PEAK] = float(max(peaks))
-        return out
-
-    def close(self) -> None:
-        self.ranks.close()
+        super().__init__(ctx, make_native_rank, world=ctx.recipe.parallel.dp, name="native")

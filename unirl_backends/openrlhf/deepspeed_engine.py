@@ -5,9 +5,10 @@ stage, dtype and gradient clipping; the optimizer is declared in the config as
 ``_ds_init_train_model`` declares it (``{"type": "AdamW", "params": {lr, betas, eps,
 weight_decay}}``), over ``get_optimizer_grouped_parameters`` (OpenRLHF's weight-decay groups);
 ``train_micro_batch_size_per_gpu`` / ``train_batch_size`` set the accumulation as
-``get_ds_train_config`` does. On a CPU unirl adds two settings: ``param_dtype="fp32"`` where the
-recipe trains in float32 (OpenRLHF's CLI offers bf16 / fp16 only) and ``torch_adam`` (DeepSpeed
-would JIT-build its fused Adam for the CPU accelerator; the update is the same AdamW).
+``get_ds_train_config`` does; :class:`unirl.engine.deepspeed.Stepper` (shared with the
+``deepspeed`` backend) steps it. On a CPU unirl adds two settings: ``param_dtype="fp32"`` where
+the recipe trains in float32 (OpenRLHF's CLI offers bf16 / fp16 only) and ``torch_adam``
+(DeepSpeed would JIT-build its fused Adam for the CPU accelerator; the update is the same AdamW).
 """
 
 from __future__ import annotations
@@ -18,12 +19,9 @@ from typing import Any
 
 import torch
 
-from unirl.models.lifecycle import grad_norm
+from unirl.engine.deepspeed import DS_DTYPE, adamw
 from unirl_backends.openrlhf.loader import load
 from unirl_backends.openrlhf.translate import NO_CLIP
-
-_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-
 
 def init_distributed() -> Any:
     """One gloo (NCCL on GPUs) group of one rank, joined by DeepSpeed's communication layer.
@@ -50,10 +48,9 @@ def train_config(recipe: Any, *, lr: float, zero_stage: int, micro_batch_size: i
     t = recipe.trainer
     ds_utils = load().deepspeed_utils
     config = ds_utils.get_train_ds_config(offload=False, adam_offload=False, stage=zero_stage,
-                                          param_dtype=_DTYPE[recipe.model.dtype],
+                                          param_dtype=DS_DTYPE[recipe.model.dtype],
                                           max_norm=t.grad_clip if t.grad_clip is not None else NO_CLIP, zpg=1)
-    config["optimizer"] = {"type": "AdamW", "params": {"lr": lr, "betas": [t.beta1, t.beta2], "eps": t.eps,
-                                                       "weight_decay": t.weight_decay, "torch_adam": True}}
+    config["optimizer"] = adamw(recipe, lr)
     config["train_micro_batch_size_per_gpu"] = micro_batch_size
     config["train_batch_size"] = micro_batch_size * gas
     config["steps_per_print"] = 10**9
@@ -73,43 +70,3 @@ def build_engine(model: torch.nn.Module, recipe: Any, *, lr: float, zero_stage: 
     params = ds_utils.get_optimizer_grouped_parameters(model, recipe.trainer.weight_decay)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
     return engine
-
-
-class Stepper:
-    """One optimizer step of a DeepSpeed engine over ``gas`` micro-batches: ``backward`` per
-    micro-batch (DeepSpeed scales each loss by ``1 / gas``), then ``finish`` steps and returns
-    the pre-clip gradient norm.
-
-    The accumulation boundary is set explicitly (``set_gradient_accumulation_boundary``, the
-    documented pattern of ``DeepSpeedEngine``): DeepSpeed's own boundary comes from its running
-    micro-step count modulo ``gas``, which is wrong as soon as two stages use different ``gas``
-    (an SFT stage of one micro-batch per step, then RL steps of two: the first RL micro-batch
-    would step the optimizer). Caught by conformance L3's resume check.
-    """
-
-    def __init__(self, engine: Any, gas: int, lr: float) -> None:
-        micro = engine.train_micro_batch_size_per_gpu()
-        if engine.gradient_accumulation_steps() != gas:
-            engine.set_train_batch_size(micro * gas * engine.world_size)
-        for group in engine.optimizer.param_groups:
-            group["lr"] = lr
-        self.engine, self.gas, self.done = engine, gas, 0
-
-    def backward(self, loss: torch.Tensor) -> None:
-        self.done += 1
-        self.engine.set_gradient_accumulation_boundary(self.done == self.gas)
-        self.engine.backward(loss)
-
-    def finish(self) -> float:
-        if self.done != self.gas:
-            raise RuntimeError(f"{self.done} backward passes for a step of {self.gas} micro-batches")
-        norm = None
-        if self.engine.zero_optimization_stage() == 0:  # DeepSpeed reports no norm without ZeRO
-            norm = float(grad_norm([p for p in self.engine.module.parameters() if p.grad is not None], None))
-        self.engine.step()
-        if norm is None:
-            value = self.engine.get_global_grad_norm()
-            norm = float(value) if value is not None else float("nan")
-        if not torch.isfinite(torch.tensor(norm)):
-            raise FloatingPointError(f"gradient norm is {norm}")
-        return norm

@@ -25,7 +25,8 @@ from unirl.errors import ConfigError
 from unirl.models.lifecycle import ModelSet
 from unirl.models.loading import load_tokenizer
 from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
-from unirl_backends.openrlhf.deepspeed_engine import Stepper, build_engine, init_distributed
+from unirl.engine.deepspeed import Stepper
+from unirl_backends.openrlhf.deepspeed_engine import build_engine, init_distributed
 from unirl_backends.openrlhf.loader import load
 from unirl_backends.openrlhf.math import entropy_from_logits, policy_actor_loss, ppo_args
 

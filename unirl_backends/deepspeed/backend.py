@@ -1,0 +1,30 @@
+"""The DeepSpeed backend object: builds the trainer on ``parallel.dp`` rank processes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from unirl.protocols import BuildContext
+
+
+class DeepSpeedBackend:
+    """unirl's reference losses on DeepSpeed engines: what DeepSpeed computes is the backward
+    pass over its ZeRO partitions, the gradient reduction, clipping and the AdamW step; the
+    conformance kit checks them against the reference at every layout (L2-L4)."""
+
+    name = "deepspeed"
+
+    def __init__(self, recipe: Any) -> None:
+        self.recipe = recipe
+
+    def build_trainer(self, ctx: BuildContext) -> Any:
+        from unirl.engine.ranked import RankedTrainer
+        from unirl_backends.deepspeed.rank import make_rank
+
+        return RankedTrainer(ctx, make_rank, world=ctx.recipe.parallel.dp, name="deepspeed")
+
+    def math(self) -> Any:
+        """Advantages and the reward KL: unirl's reference functions (DeepSpeed has no RL math)."""
+        from unirl.algorithms.reference import ReferenceMath
+
+        return ReferenceMath()

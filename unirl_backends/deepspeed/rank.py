@@ -1,0 +1,242 @@
+"""One data-parallel rank of the DeepSpeed backend: the reference trainer on DeepSpeed engines.
+
+Each trained model (policy; critic, reward model) is a ``deepspeed.initialize`` engine whose
+config comes from the recipe (:func:`ds_config`: ``parallel.zero_stage``, ``parallel.offload``,
+``trainer.grad_clip``, the dtype and AdamW declared as :func:`unirl.engine.deepspeed.adamw`).
+Every rank receives the whole batch and trains its contiguous share of it with the step-global
+normalisers (:class:`unirl.models.lifecycle.ModelSet` ``rank`` / ``world``); DeepSpeed averages
+gradients over the ranks, so each share's loss is multiplied by the world size
+(:class:`unirl.engine.deepspeed.Stepper` ``scale``) and the update is the one-process update.
+
+Checkpoints are whole and layout-free: models as whole state dicts (ZeRO-3 parameters gathered
+with ``deepspeed.zero.GatheredParameters``) and each optimizer as torch's AdamW keeps it in one
+process (one group, states keyed by parameter index), assembled from the ZeRO partitions with
+DeepSpeed's public ``safe_get_full_optimizer_state`` / written back with
+``safe_set_full_optimizer_state``. A checkpoint written at any ``parallel.dp``, ZeRO stage or
+offload therefore resumes at any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Any
+
+import torch
+
+from unirl.engine.deepspeed import DS_DTYPE, Stepper, adamw
+from unirl.engine.reference_trainer import ReferenceTrainer
+from unirl.models.lifecycle import ModelSet
+from unirl.models.loading import load_tokenizer
+
+#: AdamW's per-parameter states, as torch's AdamW names them
+ADAM_STATES = ("exp_avg", "exp_avg_sq")
+
+
+def ds_config(recipe: Any, lr: float, world: int) -> dict[str, Any]:
+    """The DeepSpeed config of one trained model (micro-batching is unirl's: one micro-batch per
+    ``backward`` call, the accumulation boundary set by the :class:`Stepper`)."""
+    p, t = recipe.parallel, recipe.trainer
+    zero: dict[str, Any] = {"stage": p.zero_stage}
+    if p.offload in ("optimizer", "all"):
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if p.offload == "all":
+        zero["offload_param"] = {"device": "cpu"}
+    dtype = DS_DTYPE[recipe.model.dtype]
+    return {"train_micro_batch_size_per_gpu": t.micro_batch_size, "train_batch_size": t.micro_batch_size * world,
+            "gradient_clipping": float(t.grad_clip) if t.grad_clip is not None else 0.0,
+            "zero_optimization": zero, "optimizer": adamw(recipe, lr),
+            "bf16": {"enabled": dtype == "bf16"}, "fp16": {"enabled": dtype == "fp16"},
+            "steps_per_print": 10**9, "wall_clock_breakdown": False}
+
+
+def join_deepspeed() -> None:
+    """DeepSpeed's communication layer on the rank's torch.distributed group (already set up by
+    :mod:`unirl.distributed.ranks`), DeepSpeed's CPU accelerator without CUDA, its log quiet."""
+    import logging
+    import os
+    import sys
+    from pathlib import Path
+
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    # the CPU accelerator JIT-builds a small shared-memory op once: cache it with the environment
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    import deepspeed
+    from deepspeed.utils import logger
+
+    logger.setLevel(logging.WARNING)
+    # ZeRO calls torch's all_gather_into_tensor / reduce_scatter_tensor, which torch 2.13 flags
+    # as deprecated on every call (torch/distributed/c10d_logger.py:83): once per collective
+    for name in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+        warnings.filterwarnings("ignore", message=f"`torch.distributed.{name}` is deprecated", category=FutureWarning)
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+
+
+class ZeroModelSet(ModelSet):
+    """The reference trainer's models; trained ones are stepped by DeepSpeed engines, whose
+    ZeRO-3 parameters are partitioned over the ranks (gathered whole to save or copy them)."""
+
+    def __init__(self, recipe: Any, model_path: str, tokenizer: Any, make_stepper: Any) -> None:
+        import torch.distributed as dist
+
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.zero3 = recipe.parallel.zero_stage == 3
+        self.last_count = 0  # micro-batches of the latest micro_batches() call: the next step's backward passes
+        super().__init__(recipe, model_path, tokenizer, make_stepper)
+
+    def micro_batches(self, n: int, size: int | None = None) -> list[slice]:
+        out = super().micro_batches(n, size)
+        self.last_count = len(out)
+        return out
+
+    def _gathered(self, name: str, modifier_rank: int | None = None) -> Any:
+        if self.zero3 and name in self.steppers:
+            import deepspeed
+
+            return deepspeed.zero.GatheredParameters(list(self.models[name].parameters()), modifier_rank=modifier_rank)
+        return contextlib.nullcontext()
+
+    def full_state(self, name: str, everywhere: bool = True) -> dict[str, torch.Tensor]:
+        """Every rank takes part (ZeRO-3 gathers) and receives the whole state."""
+        with self._gathered(name):
+            return {k: v.detach().clone() for k, v in self.models[name].state_dict().items()}
+
+    def load_full_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        """The module's tensors and, for a ZeRO optimizer, its fp32 master partitions."""
+        model = self.models[name]
+        with self._gathered(name, modifier_rank=0):
+            model.load_state_dict(state)
+        if name in self.steppers and self.recipe.parallel.zero_stage > 0:
+            from deepspeed.utils import safe_set_full_fp32_param
+
+            for key, param in model.named_parameters():
+                if param.requires_grad:
+                    safe_set_full_fp32_param(param, state[key].float())
+
+    def unsharded(self, name: str) -> torch.nn.Module:
+        return self.plain(name, self.full_state(name)) if self.zero3 and name in self.steppers else self.models[name]
+
+
+class DeepSpeedRank(ReferenceTrainer):
+    """The reference trainer with DeepSpeed's backward, gradient reduction, clipping and AdamW."""
+
+    def __init__(self, recipe: Any, model_path: str) -> None:
+        join_deepspeed()
+        self.recipe, self.model_path = recipe, model_path
+        self.tokenizer = load_tokenizer(model_path)
+        self.steps: dict[str, Stepper] = {}
+        torch.manual_seed(recipe.seed)
+        self.models = ZeroModelSet(recipe, model_path, self.tokenizer, self.make_optimizer)
+
+    # ------------------------------------------------------------------ the engine
+
+    def make_optimizer(self, model: torch.nn.Module, lr: float | None = None) -> Any:
+        """A DeepSpeed engine owning ``model``, DeepSpeed's AdamW over one parameter group (as
+        the reference's AdamW: weight decay on every parameter)."""
+        import deepspeed
+
+        config = ds_config(self.recipe, lr or self.recipe.trainer.lr, _world())
+        engine, _, _, _ = deepspeed.initialize(model=model, config=config,
+                                               model_parameters=[p for p in model.parameters() if p.requires_grad])
+        return engine
+
+    def forward(self, name: str, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Trained models run through their engine (ZeRO-3 gathers each layer's parameters)."""
+        steppers = self.models.steppers
+        model = steppers[name] if name in steppers else self.models.models[name]
+        return model(input_ids=ids, attention_mask=attn).logits
+
+    def backward(self, name: str, loss: torch.Tensor) -> None:
+        """The rank's share of the step's loss, times the world size (DeepSpeed averages over ranks)."""
+        step = self.steps.get(name)
+        if step is None:
+            step = self.steps[name] = Stepper(self.models.steppers[name], self.models.last_count, mean=False,
+                                              scale=float(self.models.world))
+        step.backward(loss)
+
+    def optimizer_step(self, name: str, lr: float) -> torch.Tensor:
+        return torch.tensor(self.steps.pop(name).finish(lr))
+
+    # ------------------------------------------------------------------ state
+
+    def full_policy(self) -> dict[str, torch.Tensor]:
+        """The whole policy on rank 0 (the others take part and return an empty dict)."""
+        state = self.models.full_state("policy")
+        return state if self.models.rank == 0 else {}
+
+    def _trained_params(self, name: str) -> list[torch.nn.Parameter]:
+        return [p for p in self.models.models[name].parameters() if p.requires_grad]
+
+    def _optimizer_state(self, name: str) -> dict[str, Any]:
+        """Model ``name``'s optimizer as torch's AdamW holds it in one process (collective)."""
+        engine = self.models.steppers[name]
+        if engine.zero_optimization_stage() == 0:
+            return engine.optimizer.state_dict()
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        inner = engine.optimizer.optimizer  # torch's AdamW over the rank's flat fp32 partitions
+        params = self._trained_params(name)
+        groups = [{**{k: v for k, v in inner.param_groups[0].items() if k != "params"},
+                   "params": list(range(len(params)))}]
+        if not inner.state:
+            return {"state": {}, "param_groups": groups}
+        step = next(iter(inner.state.values()))["step"]
+        state = {}
+        for i, param in enumerate(params):
+            state[i] = {"step": step.clone(), **{k: safe_get_full_optimizer_state(param, k).clone() for k in ADAM_STATES}}
+            if self.recipe.model.dtype != "float32":  # the fp32 master weights the module's copy is rounded from
+                state[i]["fp32"] = safe_get_full_fp32_param(param).clone()
+        return {"state": state, "param_groups": groups}
+
+    def _load_optimizer(self, name: str, sd: dict[str, Any]) -> None:
+        engine = self.models.steppers[name]
+        if engine.zero_optimization_stage() == 0:
+            engine.optimizer.load_state_dict(sd)
+            return
+        if not sd["state"]:
+            return  # saved before its first step: nothing to restore
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        inner = engine.optimizer.optimizer
+        step = sd["state"][0]["step"]
+        # ZeRO creates AdamW's states at the first step (lazily); create them now, as zeros
+        # with the saved step count, and write the saved values into the rank's partitions
+        # (ZeRO-3 puts its flat partitions into the optimizer's groups only while it steps them)
+        flats = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
+        for flat in flats if flats is not None else [f for g in inner.param_groups for f in g["params"]]:
+            inner.state[flat] = {"step": step.clone(), **{k: torch.zeros_like(flat) for k in ADAM_STATES}}
+        link = getattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)  # ZeRO 1-2: map params to them
+        if link is not None:
+            link()
+        for i, param in enumerate(self._trained_params(name)):
+            for key in ADAM_STATES:
+                safe_set_full_optimizer_state(param, sd["state"][i][key].float(), key)
+            if "fp32" in sd["state"][i]:
+                safe_set_full_fp32_param(param, sd["state"][i]["fp32"])
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """Whole states on rank 0 (the others take part and return None)."""
+        models = {k: self.models.full_state(k) for k in self.models.models}
+        optimizers = {k: self._optimizer_state(k) for k in self.models.steppers}
+        if self.models.rank != 0:
+            return None
+        return {"models": models, "optimizers": optimizers, "trained": sorted(self.models.trained)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.models.restore_models(state["models"])
+        for name, sd in state["optimizers"].items():
+            self._load_optimizer(name, sd)
+        self.models.trained = set(state["trained"])
+
+
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size()
+
+
+def make_rank(recipe: dict[str, Any], model_path: str) -> DeepSpeedRank:
+    """The rank worker, from plain data (what a spawned rank process receives)."""
+    from omegaconf import OmegaConf
+
+    return DeepSpeedRank(OmegaConf.create(recipe), model_path)

@@ -1,0 +1,400 @@
+"""One rank of the megatron trainer: the reference losses on Megatron-core's GPTModel.
+
+Layout: ``parallel.tp x parallel.pp x parallel.dp`` ranks (Megatron's own rank order), set up by
+``parallel_state.initialize_model_parallel``. The models are GPTModels built from the HF model by
+the bridge (:mod:`.bridge`); trained ones sit in Megatron's ``DistributedDataParallel`` and are
+stepped by Megatron's optimizer (torch's AdamW inside it, every parameter decayed as the
+reference does; ``parallel.zero_stage=1``: its distributed optimizer).
+
+Every micro-batch runs through Megatron's schedule (``get_forward_backward_func``: no pipelining at
+pp=1, 1F1B at pp>1). Its loss function is the reference objective (:mod:`unirl.algorithms`) on the
+whole-vocabulary logits of the last stage (``parallel_output=False``), already divided by the
+step-global normaliser, so the schedule's division by the micro-batch count is off
+(``calculate_per_token_loss``) and the dp ranks' gradients are summed. Megatron's
+``finalize_model_grads`` reduces them (dp; the tied embedding over the first and last stages) and
+the optimizer's gradient norm counts tensor-parallel shards once each and replicas once.
+
+Every rank receives the whole batch and trains its dp rank's contiguous share; the last stage's
+tp rank 0 reports the row (shares added over dp ranks by the driver).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from unirl.algorithms.aggregation import step_normaliser
+from unirl.algorithms.objectives import dpo_objective, policy_objective, sft_objective
+from unirl.algorithms.policy_loss import sft_token_loss, token_entropy, token_logprobs, token_logprobs_and_entropy
+from unirl.config.derived import loss_norm_length
+from unirl.engine.reference_trainer import ReferenceTrainer
+from unirl.errors import ConfigError
+from unirl.models.lifecycle import EXPORT_FOLDERS, ModelSet
+from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
+from unirl.protocols import ScoreRequest, Scores
+
+from unirl_backends.megatron.bridge import build_model, export_state, make_bridge
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _inputs(ids: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GPTModel's inputs for an HF-style batch: positions 0..T-1 (as transformers numbers them
+    without a cache) and a boolean mask, True where a query may not see a key (causal or padding)."""
+    b, t = ids.shape
+    allowed = torch.ones(t, t, dtype=torch.bool).tril()[None] & attn.bool()[:, None, :]
+    return ids, torch.arange(t).unsqueeze(0).expand(b, t), (~allowed).unsqueeze(1)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)
+
+
+class MegatronModelSet(ModelSet):
+    """The models as this rank's GPTModel stage; states leave and enter whole and HF-keyed."""
+
+    def __init__(self, recipe: Any, model_path: str, tokenizer: Any, make_stepper: Any, bridge: Any) -> None:
+        from megatron.core import parallel_state as ps
+
+        self.bridge = bridge
+        # every micro-batch is this dp rank's share (the tp ranks and pp stages of a dp rank share it)
+        self.rank, self.world = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        super().__init__(recipe, model_path, tokenizer, make_stepper)
+
+    def place(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The HF model as a trained GPTModel in Megatron's DDP."""
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        gpt = build_model(self.bridge)
+        self.bridge.load_state([gpt], model.state_dict())
+        gpt.train()
+        ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                            use_distributed_optimizer=self.recipe.parallel.zero_stage == 1)
+        return DistributedDataParallel(config=gpt.config, ddp_config=ddp, module=gpt)
+
+    def snapshot_reference(self) -> None:
+        """A frozen GPTModel copy of the policy's stage (same layout: a local copy, no gather)."""
+        ref = build_model(self.bridge)
+        with torch.no_grad():
+            for mine, theirs in zip(ref.parameters(), _unwrap(self.policy).parameters(), strict=True):
+                mine.copy_(theirs)
+                mine.requires_grad_(False)
+        self.models["reference"] = ref.eval()
+
+    def ensure_scorer(self, name: str, per_token: bool, lr: float) -> None:
+        raise ConfigError(f"backend=megatron has no scalar-head models ({name}): stages.type=rm and "
+                          f"algorithm.advantage=gae are unsupported; use backend=native for them.",
+                          key="stages.type", value="rm" if name == "reward_model" else "rl")
+
+    def full_state(self, name: str) -> dict[str, torch.Tensor]:
+        """Every rank takes part and receives the whole HF-keyed state."""
+        return export_state(self.bridge, _unwrap(self.models[name]))
+
+    def load_full_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        self.bridge.load_state([_unwrap(self.models[name])], state)
+
+    def plain(self, name: str, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+        model = load_causal_lm(self.model_path, self.recipe.model.dtype)
+        model.load_state_dict(state)
+        return model
+
+    def unsharded(self, name: str) -> torch.nn.Module:
+        return self.plain(name, self.full_state(name))
+
+    def export(self, run_dir: str) -> dict[str, str]:
+        import torch.distributed as dist
+
+        out = {}
+        for name, folder in EXPORT_FOLDERS:
+            if name in self.trained or (name == "policy" and not self.trained):
+                state = self.full_state(name)
+                out[name] = str(Path(run_dir) / folder)
+                if dist.get_rank() == 0:
+                    save_hf_model(self.plain(name, state), self.tokenizer, out[name])
+        return out
+
+
+class MegatronRank(ReferenceTrainer):
+    """The reference trainer on one Megatron rank (built inside :func:`.cpu_compat.cuda_on_cpu`)."""
+
+    def __init__(self, recipe: Any, model_path: str) -> None:
+        from megatron.core import parallel_state as ps, tensor_parallel
+        from transformers import AutoConfig
+
+        if recipe.model.dtype != "float32":
+            raise ConfigError(f"backend=megatron trains float32 models on the CPU; model.dtype={recipe.model.dtype!r} "
+                              f"needs Megatron's Float16Module, which this backend does not wire. Set "
+                              f"model.dtype=float32.", key="model.dtype", value=recipe.model.dtype)
+        self.recipe, self.model_path = recipe, model_path
+        self.tokenizer = load_tokenizer(model_path)
+        p = recipe.parallel
+        # NOTE: the one-rank layout runs in the driver's process, whose generator draws the rollouts:
+        # Megatron's seeding (random.py:422 reseeds the CPU generator here) and GPTModel's random
+        # init (overwritten by the HF weights) must not move it.
+        driver_rng = torch.get_rng_state()
+        try:
+            ps.initialize_model_parallel(tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp)
+            tensor_parallel.model_parallel_cuda_manual_seed(recipe.seed)
+            self.reporter = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
+            bridge = make_bridge(AutoConfig.from_pretrained(model_path), torch.float32)
+            self.models = MegatronModelSet(recipe, model_path, self.tokenizer, self.make_optimizer, bridge)
+        finally:
+            torch.set_rng_state(driver_rng)
+
+    # ------------------------------------------------------------------ the engine
+
+    def make_optimizer(self, model: torch.nn.Module, lr: float | None = None) -> Any:
+        """Megatron's optimizer (torch's AdamW inside): every parameter decayed, as the reference's
+        AdamW does (``config_overrides={}``: no bias / norm exemption), clipping done in
+        :meth:`optimizer_step` so the norm is checked before any weight changes."""
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        t = self.recipe.trainer
+        config = OptimizerConfig(optimizer="adam", lr=lr or t.lr, weight_decay=t.weight_decay, adam_beta1=t.beta1,
+                                 adam_beta2=t.beta2, adam_eps=t.eps, clip_grad=0.0, params_dtype=torch.float32,
+                                 use_distributed_optimizer=self.recipe.parallel.zero_stage == 1)
+        return get_megatron_optimizer(config, [model], config_overrides={})
+
+    def optimizer_step(self, name: str, lr: float) -> torch.Tensor:
+        """Reduce the gradients (Megatron's ``finalize_model_grads``), take the whole model's norm
+        (the optimizer's, tensor- and pipeline-parallel aware), clip, step."""
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        optimizer, model = self.models.steppers[name], self.models.models[name]
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        finalize_model_grads([model])
+        optimizer.prepare_grads()
+        norm = float(optimizer.get_grad_norm())
+        try:
+            if not math.isfinite(norm):
+                raise FloatingPointError(f"{name} gradient norm is {norm}; the step was skipped, weights unchanged")
+            clip = self.recipe.trainer.grad_clip
+            if clip is not None:
+                clip_grad_by_total_norm_fp32(optimizer.get_parameters(), clip, norm)
+            optimizer.step_with_ready_grads()
+        finally:
+            model.zero_grad_buffer()
+            optimizer.zero_grad()
+        return torch.tensor(norm)
+
+    def _schedule(self, name: str, ids: torch.Tensor, attn: torch.Tensor, parts: list[Any], loss_fn: Any,
+                  forward_only: bool) -> list[dict[str, Any]]:
+        """Run ``parts`` (row slices or index lists) through Megatron's schedule; ``loss_fn(logits, k)``
+        on the last stage gives micro-batch ``k``'s loss and what to keep. Returns, on the last stage,
+        what ``loss_fn`` kept for each micro-batch (elsewhere: an empty list)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        model = self.models.models[name]
+
+        def forward_step(data: Any, module: torch.nn.Module) -> Any:
+            k = next(data)
+            out = module(*_inputs(ids[parts[k]], attn[parts[k]]))
+
+            def loss_func(logits: torch.Tensor) -> Any:
+                loss, keep = loss_fn(logits, k)
+                return loss, torch.ones((), dtype=torch.int), keep
+
+            return out, loss_func
+
+        with torch.set_grad_enabled(not forward_only):
+            return get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=iter(range(len(parts))), model=[model],
+                num_microbatches=len(parts), seq_length=ids.shape[1],
+                micro_batch_size=max(len(ids[p]) for p in parts), forward_only=forward_only)
+
+    def _row(self, kept: list[dict[str, Any]], extra: dict[str, float]) -> dict[str, float] | None:
+        """The step's row (the reporting rank only): each kept value summed over micro-batches."""
+        if not self.reporter:
+            return None
+        sums: dict[str, float] = {}
+        for stats in kept:
+            for key, v in stats.items():
+                sums[key] = sums.get(key, 0.0) + float(v)
+        return {**sums, **extra}
+
+    # ------------------------------------------------------------------ steps (the reference's objectives)
+
+    def supervised_step(self, stage_type: str, batch: Any, lr: float) -> dict[str, float] | None:
+        if stage_type == "rm":
+            raise ConfigError("backend=megatron has no reward-model head: stages.type=rm is unsupported; use "
+                              "backend=native.", key="stages.type", value="rm")
+        return super().supervised_step(stage_type, batch, lr)
+
+    def _lm_step(self, batch: Any, lr: float) -> dict[str, float] | None:
+        mask = batch.loss_mask[:, 1:].float()
+        n_tokens = float(mask.sum().clamp(min=1))
+        parts = self.models.micro_batches(len(batch))
+
+        def loss_fn(logits: torch.Tensor, k: int) -> Any:
+            loss = sft_objective(nll=sft_token_loss(logits, batch.input_ids[parts[k]]), mask=mask[parts[k]],
+                                 n_tokens=n_tokens)
+            return loss, {"loss/lm": loss.detach()}
+
+        kept = self._schedule("policy", batch.input_ids, batch.attention_mask, parts, loss_fn, forward_only=False)
+        return self._row(kept, {"grad/norm": self._finish_step("policy", lr), "lr": lr, "tokens/trained": n_tokens})
+
+    def _seq_sums(self, logits: torch.Tensor, seqs: Any, rows: list[int]) -> torch.Tensor:
+        return (token_logprobs(logits, seqs.input_ids[rows]) * seqs.loss_mask[rows, 1:].float()).sum(-1)
+
+    def _dpo_step(self, pairs: Any, lr: float) -> dict[str, float] | None:
+        n, seqs = len(pairs), pairs.sequences
+        parts = self._pair_micro_batches(n)
+        refs = self._schedule("reference", seqs.input_ids, seqs.attention_mask, parts,
+                              lambda logits, k: (logits.sum() * 0, {"sums": self._seq_sums(logits, seqs, parts[k])}),
+                              forward_only=True)
+
+        def loss_fn(logits: torch.Tensor, k: int) -> Any:
+            half, ref = len(parts[k]) // 2, refs[k]["sums"]
+            pi = self._seq_sums(logits, seqs, parts[k])
+            loss, stats = dpo_objective(pi_c=pi[:half], pi_r=pi[half:], ref_c=ref[:half], ref_r=ref[half:],
+                                        algo=self.recipe.algorithm, n_pairs=float(n))
+            return loss, {key: float(v) for key, v in stats.items()}
+
+        kept = self._schedule("policy", seqs.input_ids, seqs.attention_mask, parts, loss_fn, forward_only=False)
+        return self._row(kept, {"grad/norm": self._finish_step("policy", lr), "lr": lr,
+                                "tokens/trained": float(seqs.loss_mask.sum())})
+
+    def _token_logprobs(self, name: str, batch: Any) -> torch.Tensor | None:
+        parts = self.models.micro_batches(len(batch))
+        kept = self._schedule(name, batch.input_ids, batch.attention_mask, parts,
+                              lambda logits, k: (logits.sum() * 0,
+                                                 {"logp": token_logprobs(logits, batch.input_ids[parts[k]])}),
+                              forward_only=True)
+        return torch.cat([k["logp"] for k in kept]) if self.reporter else None
+
+    def score(self, batch: Any, request: ScoreRequest) -> Scores | None:
+        if request.values:
+            raise ConfigError("backend=megatron has no critic: algorithm.advantage=gae is unsupported; use "
+                              "backend=native.", key="algorithm.advantage", value="gae")
+        scores = super().score(batch, request)
+        return scores if self.reporter else None
+
+    def _policy_step(self, batch: Any, lr: float) -> dict[str, float] | None:
+        algo = self.recipe.algorithm
+        mask = batch.response_mask[:, 1:].float()
+        normaliser = step_normaliser(mask, algo.loss_agg, norm_length=loss_norm_length(self.recipe))
+        n_tokens = float(mask.sum().clamp(min=1))
+        parts = self.models.micro_batches(len(batch))
+
+        def loss_fn(logits: torch.Tensor, k: int) -> Any:
+            sl, ids = parts[k], batch.input_ids[parts[k]]
+            if algo.entropy_coef:
+                logp, entropy = token_logprobs(logits, ids), token_entropy(logits)
+            else:
+                logp, entropy = token_logprobs_and_entropy(logits, ids, mask[sl])
+            old = batch.old_logprobs[sl] if batch.old_logprobs is not None else logp.detach()
+            ref = batch.ref_logprobs[sl] if batch.ref_logprobs is not None else None
+            loss, stats = policy_objective(logp=logp, old_logp=old, ref_logp=ref, advantages=batch.advantages[sl],
+                                           mask=mask[sl], entropy=entropy, algo=algo, normaliser=normaliser,
+                                           n_tokens=n_tokens)
+            return loss, {key: float(v) for key, v in stats.items()}
+
+        kept = self._schedule("policy", batch.input_ids, batch.attention_mask, parts, loss_fn, forward_only=False)
+        return self._row(kept, {"grad/norm": self._finish_step("policy", lr), "lr": lr, "tokens/trained": n_tokens})
+
+    def update(self, batch: Any, plan: Any) -> dict[str, float] | None:
+        from unirl.engine.update import run_mini_batches
+
+        out = run_mini_batches(batch, plan, lambda mb, lr: self._policy_step(mb, lr) or {})
+        return out if self.reporter else None
+
+    # ------------------------------------------------------------------ state
+
+    def full_policy(self) -> dict[str, torch.Tensor] | None:
+        state = self.models.full_state("policy")
+        return state if self._global_rank() == 0 else None
+
+    @staticmethod
+    def _global_rank() -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank()
+
+    def _inner(self, name: str) -> torch.optim.Optimizer:
+        optimizer = self.models.steppers[name]
+        if self.recipe.parallel.zero_stage == 1 or not isinstance(getattr(optimizer, "optimizer", None),
+                                                                  torch.optim.Optimizer):
+            raise ConfigError("backend=megatron saves optimizer states whole and HF-keyed only for parallel."
+                              "zero_stage=0; converting Megatron's distributed-optimizer shards "
+                              "(parallel.zero_stage=1) to that form is not implemented", key="parallel.zero_stage",
+                              value=self.recipe.parallel.zero_stage)
+        return optimizer.optimizer
+
+    def _optimizer_state(self, name: str) -> dict[str, Any]:
+        """AdamW's moments as whole HF-keyed tensors: each moment is written into the parameters and
+        exported through the bridge (the same exact reshuffle as the weights), then the weights are put back."""
+        inner, model = self._inner(name), _unwrap(self.models.models[name])
+        params = list(model.parameters())
+        if not inner.state:
+            return {"step": 0.0}
+        steps = {float(inner.state[p]["step"]) for p in params}
+        if len(steps) != 1:
+            raise RuntimeError(f"{name}'s parameters were stepped unequally ({sorted(steps)})")
+        out: dict[str, Any] = {"step": steps.pop()}
+        weights = [p.detach().clone() for p in params]
+        try:
+            for key in MOMENTS:
+                with torch.no_grad():
+                    for p in params:
+                        p.copy_(inner.state[p][key])
+                out[key] = export_state(self.models.bridge, model)
+        finally:
+            with torch.no_grad():
+                for p, w in zip(params, weights):
+                    p.copy_(w)
+        return out
+
+    def _load_optimizer_state(self, name: str, state: dict[str, Any]) -> None:
+        inner, model = self._inner(name), _unwrap(self.models.models[name])
+        inner.state.clear()
+        if not state["step"]:
+            return
+        params = list(model.parameters())
+        for key in MOMENTS:
+            self.models.bridge.load_state([model], state[key])
+            for p in params:
+                inner.state[p][key] = p.detach().clone()
+        for p in params:
+            inner.state[p]["step"] = torch.tensor(state["step"], dtype=torch.float32)
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """Whole HF-keyed models and AdamW moments, on rank 0 (the others take part and return None):
+        a checkpoint from any tp / pp / dp layout loads on any other."""
+        optimizers = {k: self._optimizer_state(k) for k in self.models.steppers}
+        models = {k: self.models.full_state(k) for k in self.models.models}
+        if self._global_rank() != 0:
+            return None
+        return {"models": models, "optimizers": optimizers, "trained": sorted(self.models.trained)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "reference" in state["models"]:
+            self.models.snapshot_reference()
+        for name, sd in state["optimizers"].items():
+            self._load_optimizer_state(name, sd)
+        for name, sd in state["models"].items():  # after the moments, which pass through the parameters
+            self.models.load_full_state(name, sd)
+        self.models.weights.updated()
+        self.models.trained = set(state["trained"])
+
+    def export(self, run_dir: str) -> dict[str, str]:
+        return self.models.export(run_dir)
+
+    def shutdown(self) -> None:
+        from megatron.core import parallel_state as ps
+
+        ps.destroy_model_parallel()
+
+
+def make_megatron_rank(recipe: dict[str, Any], model_path: str) -> Any:
+    """The rank worker, from plain data (what a spawned rank process receives), fenced by :mod:`.cpu_compat`."""
+    from omegaconf import OmegaConf
+
+    from unirl_backends.megatron.cpu_compat import Fenced, cuda_on_cpu
+
+    with cuda_on_cpu():
+        return Fenced(MegatronRank(OmegaConf.create(recipe), model_path))
