@@ -57,10 +57,16 @@ def test_bench_reports_every_backend_and_refuses_bad_input_first(tmp_path):
     out, md = tmp_path / "b.json", tmp_path / "b.md"
     png = tmp_path / "b.png"
     proc = run_cli("bench", "configs/sft_tiny.yaml", "--backends", "native", "--steps", "3", "--repeat", "2",
-                   "--json", str(out), "--md", str(md), "--plot", str(png), "--workdir", str(tmp_path / "w"))
+                   "--json", str(out), "--md", str(md), "--plot", str(png), "--workdir", str(tmp_path / "w"),
+                   "--layouts", "dp=2")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
-    (stage,) = data["stages"]
+    stage, layout = data["stages"]
+    # the layout's row beside the backend's own: per-rank peak memory, collective time and bytes
+    assert layout["backend"] == "native[dp=2]" and layout["steps"] == 4
+    assert layout["rank_peak_memory_bytes"] > 10 * 2**20 and layout["comm"]["comm/time_s"]["median"] > 0
+    assert layout["comm"]["comm/reduce_scatter_bytes"]["median"] > 0  # FSDP2's gradient reduce-scatter
+    assert "| native[dp=2] | sft | 4 |" in md.read_text()
     assert stage["backend"] == "native" and stage["stage_type"] == "sft" and stage["steps"] == 4  # 2 reps x (3 - 1)
     assert stage["phase_coverage"] >= 0.95 and stage["trained_tokens_per_s"]["median"] > 0
     assert stage["step_s"]["low"] <= stage["step_s"]["median"] <= stage["step_s"]["high"]
@@ -211,6 +217,11 @@ def _comm_worker() -> _CommWorker:
 
 
 def test_bench_plot_and_sweep_refuse_bad_input_before_any_run():
+    bad = run_cli("bench", "configs/sft_tiny.yaml", "--layouts", "tp=2")
+    assert bad.returncode == 2 and "none of --backends native runs it" in bad.stderr
+    assert "layout tp=2 left out for native: it does not run parallel.tp=2" in bad.stderr
+    bad = run_cli("bench", "configs/sft_tiny.yaml", "--layouts", "dq=2")
+    assert bad.returncode == 2 and "'dq=2' is not KEY=VALUE with KEY one of dp, tp, pp" in " ".join(bad.stderr.split())
     bad = run_cli("bench", "configs/grpo_tiny.yaml", "--sweep", "nope.key=1,2")
     assert bad.returncode == 2 and "nope" in bad.stderr
     bad = run_cli("bench", "configs/grpo_tiny.yaml", "--sweep", "batch=3")

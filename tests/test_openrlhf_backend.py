@@ -114,8 +114,22 @@ def test_fixed_values_are_reported_deviations():
 def test_backend_options_are_validated():
     with pytest.raises(ConfigError, match="zero_stage=5; allowed: 0, 1, 2"):
         load_recipe(DEMO, ["backend=openrlhf", "backend_options.zero_stage=5"])
-    with pytest.raises(ConfigError, match="zero_stage=3 partitions the parameters"):
-        load_recipe(DEMO, ["backend=openrlhf", "backend_options.zero_stage=3"])
+    for key in ("parallel", "backend_options"):  # the recipe's key, and the deprecated backend option
+        with pytest.raises(ConfigError, match="zero_stage=3 partitions the parameters"):
+            load_recipe(DEMO, ["backend=openrlhf", f"{key}.zero_stage=3"])
+
+
+def test_backend_options_zero_stage_is_deprecated_for_parallel_zero_stage():
+    from unirl.config.choices import ZERO_STAGES
+    from unirl_backends.openrlhf.plugin import zero_stage
+
+    with pytest.warns(DeprecationWarning, match="set parallel.zero_stage"):
+        old = load_recipe(DEMO, ["backend=openrlhf", "backend_options.zero_stage=2"])
+    assert zero_stage(old, old.backend_options) == 2
+    new = load_recipe(DEMO, ["backend=openrlhf", "parallel.zero_stage=2"])
+    assert zero_stage(new, new.backend_options) == 2 and 2 in ZERO_STAGES
+    with pytest.warns(DeprecationWarning), pytest.raises(ConfigError, match="contradicts parallel.zero_stage=1"):
+        load_recipe(DEMO, ["backend=openrlhf", "backend_options.zero_stage=2", "parallel.zero_stage=1"])
 
 
 @pytest.mark.parametrize("module", ["openrlhf.models.loss", "openrlhf.trainer.ppo_utils.experience_maker",
@@ -201,7 +215,7 @@ def test_zero_stage_2_trains_the_same_curve_as_stage_0(tiny_model_dir, tmp_path)
     rows = {}
     for stage in (0, 2):
         run_dir = tmp_path / f"z{stage}"
-        proc = run_cli("run", str(DEMO), "backend=openrlhf", f"backend_options.zero_stage={stage}",
+        proc = run_cli("run", str(DEMO), "backend=openrlhf", f"parallel.zero_stage={stage}",
                        f"model.path={tiny_model_dir}", f"run.dir={run_dir}", "stages.0.steps=4", "stages.1.steps=3",
                        "stages.1.batch_size=4", "algorithm.group_size=4", "trainer.micro_batch_size=8",
                        "checkpoint.every=100", "run.threads=1", timeout=900)

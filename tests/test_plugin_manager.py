@@ -129,7 +129,8 @@ def test_third_party_plugin_from_entry_point_is_listed(tmp_path):
     assert {"hf_generate", "memory"} <= {r["name"] for r in rows["builtin"]["registers"]}
     # UNIRL_DISABLE_PLUGIN_AUTOLOAD keeps only what ships in the unirl distribution.
     proc = run_cli("plugins", "--json", env={"PYTHONPATH": str(tmp_path), "UNIRL_DISABLE_PLUGIN_AUTOLOAD": "1"})
-    assert {r["name"] for r in json.loads(proc.stdout)} == {"builtin", "native", "trl", "verl", "openrlhf"}
+    assert {r["name"] for r in json.loads(proc.stdout)} == {"builtin", "native", "trl", "verl", "openrlhf", "deepspeed",
+                                                            "megatron"}
 
 
 def test_lazy_factory_import_error_names_plugin():

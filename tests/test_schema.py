@@ -88,7 +88,8 @@ def test_unknown_backend_lists_installed_ones():
     with pytest.raises(UnknownBackendError) as info:
         load_recipe(DEMO, ["backend=nativ"])
     msg = str(info.value)
-    assert "backend='nativ'" in msg and "Installed backends: accelerate, native" in msg and "Did you mean 'native'?" in msg
+    assert "backend='nativ'" in msg and "Did you mean 'native'?" in msg
+    assert "Installed backends: accelerate, deepspeed, megatron, native" in msg
 
 
 def test_unknown_component_name_lists_installed():
@@ -129,7 +130,7 @@ def test_stage_needs_name_type_steps(tmp_path: Path):
 @pytest.mark.parametrize("args, needles", [
     (["trainer.lrr=1e-3"], ["trainer.lrr", "Did you mean 'lr'?"]),
     (["trainer.lr=abc"], ["trainer.lr='abc'", "expected float"]),
-    (["backend=nope"], ["backend='nope'", "Installed backends: accelerate, native"]),
+    (["backend=nope"], ["backend='nope'", "Installed backends: accelerate, deepspeed, megatron, native"]),
     (["model.path=/definitely/not/here"], ["model.path='/definitely/not/here'", "does not exist"]),
 ])
 def test_cli_bad_input_exits_2_with_one_paragraph(args, needles, capsys):
@@ -168,7 +169,7 @@ def test_capability_error_names_knob_and_backends_that_support_it():
         load_recipe(DEMO, ["backend=sft_only"], host=host)
     msg = str(info.value)
     assert "stages.type='rl' is not supported by backend 'sft_only'" in msg
-    assert "Backends that support it: accelerate, native" in msg
+    assert "Backends that support it: accelerate, deepspeed, megatron, native" in msg
     # An SFT-only recipe is accepted (and nothing was imported from the fake factory path).
     cfg = load_recipe(DEMO, ["backend=sft_only", "stages=[{name: s, type: sft, steps: 1}]"], host=host)
     assert [s.type for s in cfg.stages] == ["sft"]
@@ -187,9 +188,9 @@ class TokenMeanOnlyBackend:
 
 @pytest.mark.parametrize("override, needle", [
     ("algorithm.loss_agg=seq_mean_token_sum", "algorithm.loss_agg='seq_mean_token_sum' is not supported by backend "
-                                              "'token_mean_only'. Backends that support it: accelerate, native"),
+                                              "'token_mean_only'. Backends that support it: accelerate, deepspeed, megatron, native"),
     ("algorithm.kl_reward_coef=0.05", "kl.placement='in_reward (algorithm.kl_reward_coef=0.05)' is not supported by "
-                                      "backend 'token_mean_only'. Backends that support it: accelerate, native"),
+                                      "backend 'token_mean_only'. Backends that support it: accelerate, deepspeed, megatron, native"),
 ])
 def test_unsupported_capability_exits_2_before_anything_is_built(override, needle, tmp_path, capsys):
     from unirl.plugin_manager import get_plugin_host
@@ -221,3 +222,23 @@ def test_fixed_length_normaliser_needs_a_length():
     with pytest.raises(ConfigError, match="set algorithm.loss_norm_length"):
         load_recipe(None, base, host=host)
     assert load_recipe(None, [*base, "algorithm.loss_norm_length=16"], host=host).algorithm.loss_norm_length == 16
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["backend=deepspeed", "parallel.tp=2"], "parallel.tp=2 is not supported by backend 'deepspeed' (it has no "
+                                             "tensor-parallel layout). Backends that support it: megatron."),
+    (["backend=native", "parallel.dp=2", "parallel.zero_stage=3"],
+     "parallel.zero_stage=3 is not supported by backend 'native' (it runs parallel.zero_stage=0). Backends that "
+     "support it: deepspeed, openrlhf."),
+    (["backend=deepspeed", "parallel.offload=all"], "parallel.offload=all keeps the parameters in CPU memory, which "
+                                                    "needs them sharded: set parallel.zero_stage=3 (it is 0)"),
+    (["parallel.zero_stage=5"], "parallel.zero_stage=5 is not a ZeRO stage: it must be one of 0, 1, 2, 3"),
+    (["parallel.offload=gpu"], "parallel.offload='gpu' is not allowed. Allowed values: none, optimizer, all."),
+])
+def test_layouts_are_refused_before_any_rank_starts(overrides, needle, tmp_path, capsys):
+    """A layout the backend does not declare (or an impossible one) exits 2 naming the key, the
+    value, what is allowed and the backends that run it; nothing is created, no rank starts."""
+    capsys.readouterr()
+    assert main(["run", str(DEMO), *overrides, f"run.dir={tmp_path / 'r'}"]) == 2
+    assert needle in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "r").exists()

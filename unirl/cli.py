@@ -154,7 +154,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     from rich.progress import Progress
 
-    from unirl.bench.runner import bench, engine_mode, markdown, print_table, write_json
+    from unirl.bench.runner import ab_paired, bench, markdown, print_table, split_label, write_json
     from unirl.bench.sweep import axis_overrides, fit_lines, parse_axes, sweep
     from unirl.config import load_recipe
     from unirl.plugin_manager import get_plugin_host
@@ -163,6 +163,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not backends:
         raise UsageError("--backends is empty: name one or more installed backends, e.g. --backends native,trl.")
+    backends += _layout_entries(args, backends)
     for flag, value, low in (("--steps", args.steps, 1), ("--repeat", args.repeat, 1), ("--warmup", args.warmup, 0)):
         if value < low:
             raise UsageError(f"{flag}={value} must be >= {low}.")
@@ -175,22 +176,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     host = get_plugin_host()
     base = load_recipe(args.recipe, args.overrides, host=host)
     for backend in backends:  # every user error before any run starts: exit 2 naming the backend or key
-        load_recipe(args.recipe, [*args.overrides, f"backend={backend}"], host=host)
+        name, layout = split_label(backend)
+        load_recipe(args.recipe, [*args.overrides, f"backend={name}", *layout], host=host)
         for axis, sizes in axes.items():
             for size in sizes:
-                load_recipe(args.recipe, [*args.overrides, f"backend={backend}", *axis_overrides(axis, size, base)],
-                            host=host)
+                load_recipe(args.recipe, [*args.overrides, f"backend={name}", *layout,
+                                          *axis_overrides(axis, size, base)], host=host)
     console = make_console()
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="unirl-bench-"))
     with_baseline = not axes and not args.no_baseline and any(st.type == "rl" for st in base.stages)
     points = sum(len(v) for v in axes.values()) or 1
     with Progress(console=console, transient=True) as bar:
-        paired = sum(engine_mode(b) for b in backends) if with_baseline else 0  # each engine backend's A/B, once
+        paired = sum(ab_paired(b) for b in backends) if with_baseline else 0  # each engine backend's A/B, once
         task = bar.add_task("bench", total=(len(backends) + with_baseline) * args.repeat * points + paired)
 
         def progress(backend: str, event: str, rep: int) -> None:
             if event == "prepare":  # a framework-only job joins the interleaving
                 bar.update(task, description=f"{backend}: preparing", total=bar.tasks[0].total + args.repeat)
+            elif event == "extra":  # a profiled run for a layout's collectives
+                bar.update(task, total=bar.tasks[0].total + 1)
             elif event == "start":
                 bar.update(task, description=f"{backend} (repetition {rep + 1}/{args.repeat})")
             else:
@@ -201,7 +205,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                           overrides=args.overrides, workdir=workdir, progress=progress)
         else:
             result = bench(args.recipe, backends, steps=args.steps, repeat=args.repeat, warmup=args.warmup,
-                           overrides=args.overrides, workdir=workdir, baselines=with_baseline, progress=progress)
+                           overrides=args.overrides, workdir=workdir, baselines=with_baseline,
+                           collectives=bool(args.layouts), progress=progress)
     if axes:
         lines = [f"# unirl bench --sweep {' '.join(args.sweep)}: `{args.recipe}`", "",
                  f"Each axis varied alone; {args.repeat} repetitions x {args.steps} steps per point. Growth exponent "
@@ -224,6 +229,42 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     for backend, why in failed.items():
         console.print(f"{backend} failed: {why}", highlight=False, markup=False)
     return 1 if failed else 0
+
+
+def _layout_entries(args: argparse.Namespace, backends: list[str]) -> list[str]:
+    """``--layouts``: each backend again on each layout it declares (a bench entry such as
+    ``deepspeed[dp=2,zero_stage=3]``); its collectives are counted in one extra profiled run.
+    A layout a backend does not run is left out with a note; one that no backend runs is an error."""
+    from unirl.bench.runner import layout_label
+    from unirl.config import load_recipe
+    from unirl.config.schema import PARALLEL_DIMS, PARALLEL_OPTIONS
+    from unirl.errors import CapabilityError
+
+    keys = (*PARALLEL_DIMS, *PARALLEL_OPTIONS)
+    out: list[str] = []
+    for spec in args.layouts or []:
+        layout = []
+        for item in spec.split(","):
+            key, sep, value = item.partition("=")
+            key = key.strip().removeprefix("parallel.")
+            if not sep or key not in keys:
+                raise UsageError(f"--layouts {spec!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join(keys)} "
+                                 f"(e.g. --layouts dp=2 dp=2,zero_stage=3 tp=2).")
+            layout.append(f"parallel.{key}={value.strip()}")
+        runs = []
+        for backend in backends:
+            try:
+                load_recipe(args.recipe, [*args.overrides, f"backend={backend}", *layout])
+            except CapabilityError as exc:
+                print(f"bench: layout {spec} left out for {backend}: it does not run {exc.key}={exc.value}",
+                      file=sys.stderr)
+                continue
+            runs.append(layout_label(backend, layout))
+        if not runs:
+            raise UsageError(f"--layouts {spec!r}: none of --backends {','.join(backends)} runs it (see the messages "
+                             f"above); add a backend that does, or drop the layout.")
+        out += runs
+    return out
 
 
 def _plot(kind: str, result: object, path: str) -> None:
@@ -295,6 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plot", metavar="PATH", help="a PNG plot (needs matplotlib: pip install 'unirl[bench]')")
     b.add_argument("--sweep", nargs="+", metavar="NAME=V1,V2", help="cost as work grows: each axis varied alone "
                    "(batch, response_len, group, micro_batch, or a recipe key), growth exponents fitted per phase")
+    b.add_argument("--layouts", nargs="+", metavar="KEY=V[,KEY=V]",
+                   help="each backend again on each of these parallel layouts it runs, side by side with its own "
+                        "(keys: dp, tp, pp, zero_stage, offload), e.g. --layouts dp=2 dp=2,zero_stage=3 tp=2; "
+                        "each multi-rank entry runs once more with profile.collectives=true for its comm columns")
     b.add_argument("--workdir", metavar="DIR", help="where the runs go (default: a new temporary folder)")
     b.set_defaults(func=_cmd_bench)
     exp = sub.add_parser("export", help="a checkpoint's policy (any backend) as a Hugging Face model directory",

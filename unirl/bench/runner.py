@@ -98,12 +98,33 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def layout_label(backend: str, layout: Sequence[str]) -> str:
+    """The bench's name for ``backend`` on a layout: ``deepspeed[dp=2,zero_stage=3]`` for the
+    overrides ``parallel.dp=2 parallel.zero_stage=3``; the backend's name alone for none."""
+    if not layout:
+        return backend
+    return f"{backend}[{','.join(item.removeprefix('parallel.') for item in layout)}]"
+
+
+def split_label(label: str) -> tuple[str, list[str]]:
+    """``(backend, parallel.* overrides)`` of a :func:`layout_label`."""
+    name, _, rest = label.partition("[")
+    items = [i for i in rest.removesuffix("]").split(",") if i]
+    return name, [i if i.startswith("parallel.") else f"parallel.{i}" for i in items]
+
+
+def _backend_args(label: str) -> list[str]:
+    name, layout = split_label(label)
+    return [f"backend={name}", *layout]
+
+
 def run_once(recipe: str, backend: str, overrides: Sequence[str], run_dir: Path) -> tuple[float, list[dict[str, Any]]]:
-    """``unirl run`` in a fresh process; its wall time and its metrics rows."""
+    """``unirl run`` in a fresh process (``backend``: a name or a :func:`layout_label`); its wall
+    time and its metrics rows."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "unirl", "run", recipe, f"backend={backend}", f"run.dir={run_dir}",
-                           "run.overwrite=true", "checkpoint.every=0", *overrides], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "unirl", "run", recipe, f"run.dir={run_dir}", "run.overwrite=true",
+                           "checkpoint.every=0", *overrides, *_backend_args(backend)], capture_output=True, text=True,
                           env=env)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -183,14 +204,20 @@ def run_baseline(recipe: str, overrides: Sequence[str], steps: int, warmup: int,
 
 
 def bench(recipe: str, backends: Sequence[str], *, steps: int, repeat: int, warmup: int, overrides: Sequence[str],
-          workdir: Path, devices: int | None = None, baselines: bool = True,
+          workdir: Path, devices: int | None = None, baselines: bool = True, collectives: bool = False,
           progress: Callable[[str, str, int], None] | None = None) -> BenchResult:
     """Every backend ``repeat`` times, interleaved with the framework-free baseline (for recipes
-    with an rl stage); every stage cut to ``steps`` steps."""
+    with an rl stage); every stage cut to ``steps`` steps. With ``collectives``, each entry on
+    more than one rank runs once more with ``profile.collectives=true``, and that run gives its
+    ``comm/*`` columns only: the profiler slows the ranks' steps several times over, so the timed
+    runs never carry it."""
     from unirl.config import load_recipe
 
     loaded = load_recipe(recipe, list(overrides))
-    devices = devices or loaded.parallel.dp  # ranks of a run (one device each)
+    def ranks(label: str) -> int:  # ranks of a run (one device each)
+        p = load_recipe(recipe, [*overrides, *_backend_args(label)]).parallel if "[" in label else loaded.parallel
+        return devices or p.dp * p.tp * p.pp
+
     cut = [f"stages.{i}.steps={min(steps, st.steps)}" for i, st in enumerate(loaded.stages)]
     from unirl.bench.flops import measure_roofline
 
@@ -209,8 +236,14 @@ def bench(recipe: str, backends: Sequence[str], *, steps: int, repeat: int, warm
     directs = (prepare_directs(recipe, loaded, backends, overrides, steps, workdir, result, progress)
                if baselines else {})
     entries = [*backends, *([BASELINE] if with_baseline else []), *(f"{b}{DIRECT}" for b in directs)]
-    paired = [b for b in backends if with_baseline and engine_mode(b)]
+    paired = [b for b in backends if with_baseline and ab_paired(b)]
     entries += [f"{b}{AB}" for b in paired]
+    profiled = [b for b in backends if collectives and ranks(b) > 1]
+    entries += [f"{b}{COMM}" for b in profiled]
+    for b in profiled:
+        if progress:
+            progress(f"{b}{COMM}", "extra", 0)  # one more run to wait for
+    comm_rows: dict[str, list[dict[str, Any]]] = {}
     for rep in range(repeat):
         order = list(entries[rep % len(entries):]) + list(entries[:rep % len(entries)])
         for backend in order:
@@ -218,6 +251,19 @@ def bench(recipe: str, backends: Sequence[str], *, steps: int, repeat: int, warm
                 if rep == 0:  # once: its ratios are paired step by step, not across runs
                     run_ab(recipe, backend.removesuffix(AB), [*overrides, *cut], steps, warmup, workdir, result,
                            progress)
+                continue
+            if backend.endswith(COMM):
+                if rep == 0:  # once: its collectives, not its timings
+                    label = backend.removesuffix(COMM)
+                    if progress:
+                        progress(backend, "start", 0)
+                    try:
+                        comm_rows[label] = run_once(recipe, label, [*overrides, *cut, "profile.collectives=true"],
+                                                    workdir / f"{label}-collectives")[1]
+                    except RuntimeError as exc:
+                        result.failed[backend] = str(exc)
+                    if progress:
+                        progress(backend, "done", 0)
                 continue
             if backend.endswith(DIRECT):
                 run_direct_pair(backend.removesuffix(DIRECT), directs, rep, result, progress)
@@ -254,8 +300,13 @@ def bench(recipe: str, backends: Sequence[str], *, steps: int, repeat: int, warm
     for backend in backends:
         if walls[backend]:
             result.process_s[backend] = Stat.of(walls[backend])
-            result.stages += summarise(backend, rows[backend], warmup, devices, loaded, shapes.get(backend),
-                                       result.roofline["flops_per_s"])
+            stages = summarise(backend, rows[backend], warmup, ranks(backend), loaded, shapes.get(backend),
+                               result.roofline["flops_per_s"])
+            if backend in comm_rows:  # the profiled run's collectives (its timings are not used)
+                profiled_stages = {st.stage_type: st for st in summarise(backend, comm_rows[backend], warmup, 1)}
+                for st in stages:
+                    st.comm = profiled_stages[st.stage_type].comm if st.stage_type in profiled_stages else {}
+            result.stages += stages
     for name, (_, got) in directs.items():
         if got.unirl_s and got.direct_s:
             if got.differ:
@@ -277,14 +328,21 @@ def bench(recipe: str, backends: Sequence[str], *, steps: int, repeat: int, warm
     return result
 
 
+COMM = ":collectives"  # an entry of the interleaving: one run with profile.collectives, for comm/* only
 AB = ":ab"  # an entry of the interleaving: a backend's steps alternating with the plain loops' in one process
+
+
+def ab_paired(label: str) -> bool:
+    """Whether the bench pairs ``label``'s steps with the plain loops' in one process: engine-mode
+    backends on the recipe's own layout (a layout entry is compared with its backend's row)."""
+    return engine_mode(label) and "[" not in label
 
 
 def engine_mode(backend: str) -> bool:
     """Whether unirl runs the loop of ``backend`` (so its steps can alternate with the plain loops')."""
     from unirl.plugin_manager import get_plugin_host
 
-    caps = get_plugin_host().registry.get("backend", backend).capabilities
+    caps = get_plugin_host().registry.get("backend", split_label(backend)[0]).capabilities
     return caps is None or caps.mode != "trainer"
 
 
@@ -296,7 +354,7 @@ def run_ab(recipe: str, backend: str, overrides: Sequence[str], steps: int, warm
     run_dir.mkdir(parents=True, exist_ok=True)
     if progress:
         progress(f"{backend}{AB}", "start", 0)
-    proc = subprocess.run([sys.executable, "-m", "unirl.bench.ab", recipe, *overrides, f"backend={backend}",
+    proc = subprocess.run([sys.executable, "-m", "unirl.bench.ab", recipe, *overrides, *_backend_args(backend),
                            f"run.dir={run_dir}", "--steps", str(steps), "--warmup", str(warmup), "--json", str(out)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -319,7 +377,7 @@ def prepare_directs(recipe: str, loaded: Any, backends: Sequence[str], overrides
 
     out = {}
     for name in backends:
-        recipe_b = load_recipe(recipe, [*overrides, f"backend={name}"])
+        recipe_b = load_recipe(recipe, [*overrides, *_backend_args(name)])
         backend = build_backend(recipe_b)
         if getattr(backend, "direct_baseline", None) is None:
             continue
@@ -525,6 +583,7 @@ def direct_lines(result: BenchResult) -> list[str]:
 
 
 def print_table(result: BenchResult, console: Any) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     header, body = table_rows(result, ranges=False)
@@ -532,7 +591,7 @@ def print_table(result: BenchResult, console: Any) -> None:
     for col in header:
         table.add_column(col, overflow="fold")
     for row in body:
-        table.add_row(*row)
+        table.add_row(*(escape(cell) for cell in row))  # layout entries: "deepspeed[dp=2]" is not markup
     console.print(table)
     for line in [roofline_line(result)] + ratio_lines(result) + ab_lines(result) + direct_lines(result):
         console.print(line, highlight=False, markup=False)

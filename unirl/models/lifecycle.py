@@ -150,11 +150,22 @@ class ModelSet:
         for name, folder in EXPORT_FOLDERS:
             if name in self.trained or (name == "policy" and not self.trained):
                 path = str(Path(run_dir) / folder)
-                model = self.unsharded(name)  # every rank takes part in gathering a sharded model
-                if self.rank == 0:
+                model = self.exported(name)  # every rank takes part in gathering a sharded model
+                if model is not None:
                     save_hf_model(model, self.tokenizer, path)
                 out[name] = path
         return out
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes the files (one process of a group of ranks does)."""
+        return self.rank == 0
+
+    def exported(self, name: str) -> torch.nn.Module | None:
+        """Model ``name`` whole, in the process that :attr:`writes` (None in the others, which
+        take part in gathering it)."""
+        model = self.unsharded(name)
+        return model if self.writes else None
 
 
 def grad_norm(params: list[torch.Tensor], clip: float | None) -> torch.Tensor:

@@ -155,6 +155,9 @@ def _step_check(ctx: KitContext, name: str, knobs: dict[str, Any], overrides: li
         tok = load_tokenizer(str(ctx.tiny_model))
         run_dir = ctx.workdir / f"l2-{name}-{'-'.join(str(v) for v in knobs.values())}"
         run_dir.mkdir(parents=True, exist_ok=True)
+        import torch
+
+        torch.manual_seed(recipe.seed)  # a new scalar head is drawn from it: the same whatever ran before
         trainer = check_trainer(ctx.backend_object(recipe).build_trainer(BuildContext(
             recipe=recipe, run_dir=str(run_dir), model_path=str(ctx.tiny_model), tokenizer=tok)), f"backend {ctx.backend!r}")
         try:

@@ -5,14 +5,21 @@
 process), each holding a :class:`.rank.MegatronRank`. The last pipeline stage's tensor-parallel
 rank 0 of each dp rank reports (the others answer None); their rows are added (dp shares) and
 their scores concatenated.
+
+A scorer's new head (reward model, critic) is drawn here, in the driver's process, by the same call
+at the same point as the reference draws it (:meth:`unirl.models.lifecycle.ModelSet.ensure_scorer`),
+and sent to every rank: all ranks and layouts start from the head ``backend=native`` starts from.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from unirl.engine.ranked import RankedTrainer
 from unirl.protocols import BuildContext
+
+if TYPE_CHECKING:
+    import torch
 
 
 class MegatronTrainer(RankedTrainer):
@@ -23,6 +30,31 @@ class MegatronTrainer(RankedTrainer):
 
         p = ctx.recipe.parallel
         super().__init__(ctx, make_megatron_rank, world=p.tp * p.pp * p.dp, name="megatron")
+        self._scorers: set[str] = set()  # the scorers the ranks hold (their heads were drawn)
+
+    def begin_stage(self, stage_type: str) -> None:
+        self.ranks.call("begin_stage", stage_type=stage_type, heads=self._new_heads(stage_type))
+
+    def _new_heads(self, stage_type: str) -> dict[str, dict[str, torch.Tensor]]:
+        """The HF head (``score.*``) of each scorer the stage creates, in the reference's order."""
+        from unirl.config.derived import stage_needs
+        from unirl.models.loading import load_scorer
+
+        needs = stage_needs(self.recipe, stage_type)
+        heads = {}
+        for name, per_token, needed in (("critic", True, needs.critic), ("reward_model", False, needs.reward_model)):
+            if needed and name not in self._scorers:
+                scorer = load_scorer(self.model_path, self.recipe.model.dtype, per_token=per_token,
+                                     pad_token_id=self.tokenizer.pad_token_id)
+                prefix = scorer.base_model_prefix + "."
+                heads[name] = {k: v.detach().clone() for k, v in scorer.state_dict().items()
+                               if not k.startswith(prefix)}
+                self._scorers.add(name)
+        return heads
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._scorers |= set(state["models"]) & {"critic", "reward_model"}
 
     def close(self) -> None:
         try:

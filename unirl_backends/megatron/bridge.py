@@ -10,11 +10,18 @@ else (TP splitting and merging, the PP gather, tied embeddings) is mbridge's own
 
 Weights also come from and go to memory: :meth:`load_state` reads an HF-keyed state dict, as
 ``load_weights`` reads a directory (its safetensors reader is replaced by a dict).
+
+Scalar-head models (a reward model, a critic: :func:`make_scorer_bridge`) are mbridge's value model
+(``mbridge.utils.post_creation_callbacks.make_value_model``, as verl builds its critic: the output
+layer replaced by a one-output ``LinearForLastLayer``, whole on every tp rank), with untied
+embeddings, and the output layer named as transformers' scorer head (``score.weight``, and the
+token-classification head's ``score.bias``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -110,12 +117,42 @@ def make_bridge(hf_config: Any, dtype: torch.dtype) -> Any:
     return bridge
 
 
+def _value_model_with_bias(model: torch.nn.Module, pre_process: bool, post_process: bool, config: Any,
+                           hf_config: Any) -> None:
+    """mbridge's ``make_value_model`` with a bias: transformers' token-classification head (the
+    critic's) has one, its sequence-classification head (the reward model's) has not."""
+    from mbridge.utils.layer import LinearForLastLayer
+
+    if post_process:
+        model.output_layer = LinearForLastLayer(input_size=config.hidden_size, output_size=1, config=config, bias=True)
+
+
+def make_scorer_bridge(hf_config: Any, dtype: torch.dtype, *, bias: bool) -> Any:
+    """The bridge of a scalar-head GPTModel on ``hf_config``'s backbone: mbridge's value model, its
+    head HF-keyed as transformers' ``AutoModelFor{Sequence,Token}Classification`` (``score.*``).
+    ``bias``: the token-classification head (critic) has one.
+
+    NOTE: the embeddings are untied: the head replaces the output layer, so there is no second copy
+    of the embedding on the last pipeline stage to keep in step (``finalize_model_grads`` skips it)."""
+    from mbridge.utils.post_creation_callbacks import make_value_model
+
+    config = copy.deepcopy(hf_config)
+    config.tie_word_embeddings = False
+    bridge = make_bridge(config, dtype)
+    bridge._DIRECT_MAPPING = {**bridge._DIRECT_MAPPING, "output_layer.weight": "score.weight",
+                              **({"output_layer.bias": "score.bias"} if bias else {})}
+    bridge.post_creation = [_value_model_with_bias if bias else make_value_model]
+    return bridge
+
+
 def build_model(bridge: Any) -> torch.nn.Module:
-    """This pipeline stage's GPTModel (random init; :meth:`load_state` fills it)."""
+    """This pipeline stage's GPTModel (random init; :meth:`load_state` fills it); a scorer bridge's
+    with its scalar head."""
     from megatron.core import parallel_state as ps
 
-    return bridge._model_provider([])(pre_process=ps.is_pipeline_first_stage(),
-                                      post_process=ps.is_pipeline_last_stage())
+    callbacks: list[Callable[..., None]] = getattr(bridge, "post_creation", [])
+    return bridge._model_provider(callbacks)(pre_process=ps.is_pipeline_first_stage(),
+                                             post_process=ps.is_pipeline_last_stage())
 
 
 def export_state(bridge: Any, model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -21,22 +21,22 @@ tp rank 0 reports the row (shares added over dp ranks by the driver).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from unirl.algorithms.aggregation import step_normaliser
-from unirl.algorithms.objectives import dpo_objective, policy_objective, sft_objective
+from unirl.algorithms.objectives import (dpo_objective, policy_objective, reward_model_objective, sft_objective,
+                                         value_objective)
 from unirl.algorithms.policy_loss import sft_token_loss, token_entropy, token_logprobs, token_logprobs_and_entropy
 from unirl.config.derived import loss_norm_length
 from unirl.engine.reference_trainer import ReferenceTrainer
 from unirl.errors import ConfigError
-from unirl.models.lifecycle import EXPORT_FOLDERS, ModelSet
-from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
+from unirl.models.loading import load_tokenizer
 from unirl.protocols import ScoreRequest, Scores
 
-from unirl_backends.megatron.bridge import build_model, export_state, make_bridge
+from unirl_backends.megatron.bridge import export_state, make_bridge
+from unirl_backends.megatron.models import SCORERS, MegatronModelSet, last_tokens, unwrap
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -47,74 +47,6 @@ def _inputs(ids: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.
     b, t = ids.shape
     allowed = torch.ones(t, t, dtype=torch.bool).tril()[None] & attn.bool()[:, None, :]
     return ids, torch.arange(t).unsqueeze(0).expand(b, t), (~allowed).unsqueeze(1)
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, "module", model)
-
-
-class MegatronModelSet(ModelSet):
-    """The models as this rank's GPTModel stage; states leave and enter whole and HF-keyed."""
-
-    def __init__(self, recipe: Any, model_path: str, tokenizer: Any, make_stepper: Any, bridge: Any) -> None:
-        from megatron.core import parallel_state as ps
-
-        self.bridge = bridge
-        # every micro-batch is this dp rank's share (the tp ranks and pp stages of a dp rank share it)
-        self.rank, self.world = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-        super().__init__(recipe, model_path, tokenizer, make_stepper)
-
-    def place(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The HF model as a trained GPTModel in Megatron's DDP."""
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-
-        gpt = build_model(self.bridge)
-        self.bridge.load_state([gpt], model.state_dict())
-        gpt.train()
-        ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                            use_distributed_optimizer=self.recipe.parallel.zero_stage == 1)
-        return DistributedDataParallel(config=gpt.config, ddp_config=ddp, module=gpt)
-
-    def snapshot_reference(self) -> None:
-        """A frozen GPTModel copy of the policy's stage (same layout: a local copy, no gather)."""
-        ref = build_model(self.bridge)
-        with torch.no_grad():
-            for mine, theirs in zip(ref.parameters(), _unwrap(self.policy).parameters(), strict=True):
-                mine.copy_(theirs)
-                mine.requires_grad_(False)
-        self.models["reference"] = ref.eval()
-
-    def ensure_scorer(self, name: str, per_token: bool, lr: float) -> None:
-        raise ConfigError(f"backend=megatron has no scalar-head models ({name}): stages.type=rm and "
-                          f"algorithm.advantage=gae are unsupported; use backend=native for them.",
-                          key="stages.type", value="rm" if name == "reward_model" else "rl")
-
-    def full_state(self, name: str) -> dict[str, torch.Tensor]:
-        """Every rank takes part and receives the whole HF-keyed state."""
-        return export_state(self.bridge, _unwrap(self.models[name]))
-
-    def load_full_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
-        self.bridge.load_state([_unwrap(self.models[name])], state)
-
-    def plain(self, name: str, state: dict[str, torch.Tensor]) -> torch.nn.Module:
-        model = load_causal_lm(self.model_path, self.recipe.model.dtype)
-        model.load_state_dict(state)
-        return model
-
-    def unsharded(self, name: str) -> torch.nn.Module:
-        return self.plain(name, self.full_state(name))
-
-    def export(self, run_dir: str) -> dict[str, str]:
-        import torch.distributed as dist
-
-        out = {}
-        for name, folder in EXPORT_FOLDERS:
-            if name in self.trained or (name == "policy" and not self.trained):
-                state = self.full_state(name)
-                out[name] = str(Path(run_dir) / folder)
-                if dist.get_rank() == 0:
-                    save_hf_model(self.plain(name, state), self.tokenizer, out[name])
-        return out
 
 
 class MegatronRank(ReferenceTrainer):
@@ -219,11 +151,10 @@ class MegatronRank(ReferenceTrainer):
 
     # ------------------------------------------------------------------ steps (the reference's objectives)
 
-    def supervised_step(self, stage_type: str, batch: Any, lr: float) -> dict[str, float] | None:
-        if stage_type == "rm":
-            raise ConfigError("backend=megatron has no reward-model head: stages.type=rm is unsupported; use "
-                              "backend=native.", key="stages.type", value="rm")
-        return super().supervised_step(stage_type, batch, lr)
+    def begin_stage(self, stage_type: str, heads: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
+        """``heads``: the initial head of each scorer this stage creates (drawn by the driver)."""
+        self.models.heads.update(heads or {})
+        super().begin_stage(stage_type)
 
     def _lm_step(self, batch: Any, lr: float) -> dict[str, float] | None:
         mask = batch.loss_mask[:, 1:].float()
@@ -267,10 +198,46 @@ class MegatronRank(ReferenceTrainer):
                               forward_only=True)
         return torch.cat([k["logp"] for k in kept]) if self.reporter else None
 
+    def _rm_step(self, pairs: Any, lr: float) -> dict[str, float] | None:
+        """The reward model's pairwise loss; a sequence's score is its head's output at the token
+        transformers' sequence classifier pools (:func:`.models.last_tokens`)."""
+        n, seqs = len(pairs), pairs.sequences
+        parts = self._pair_micro_batches(n)
+        last = last_tokens(seqs.input_ids, self.tokenizer.pad_token_id)
+
+        def loss_fn(out: torch.Tensor, k: int) -> Any:
+            rows, half = parts[k], len(parts[k]) // 2
+            scores = out[torch.arange(len(rows)), last[rows], 0]
+            loss, stats = reward_model_objective(r_c=scores[:half], r_r=scores[half:], n_pairs=float(n))
+            return loss, {key: float(v) for key, v in stats.items()}
+
+        kept = self._schedule("reward_model", seqs.input_ids, seqs.attention_mask, parts, loss_fn, forward_only=False)
+        return self._row(kept, {"grad/norm": self._finish_step("reward_model", lr), "lr": lr})
+
+    def _all_values(self, batch: Any) -> torch.Tensor | None:
+        """The critic's value of the state before each target token: [B, T-1] (the reference's ``_values``)."""
+        parts = self.models.micro_batches(len(batch))
+        kept = self._schedule("critic", batch.input_ids, batch.attention_mask, parts,
+                              lambda out, k: (out.sum() * 0, {"values": out[:, :-1, 0].float()}), forward_only=True)
+        return torch.cat([k["values"] for k in kept]) if self.reporter else None
+
+    def _critic_step(self, batch: Any, lr: float) -> dict[str, float] | None:
+        algo = self.recipe.algorithm
+        mask = batch.response_mask[:, 1:].float()
+        n_tokens = float(mask.sum().clamp(min=1))
+        parts = self.models.micro_batches(len(batch))
+
+        def loss_fn(out: torch.Tensor, k: int) -> Any:
+            sl = parts[k]
+            loss, stats = value_objective(values=out[:, :-1, 0].float(), old_values=batch.values[sl],
+                                          returns=batch.returns[sl], mask=mask[sl], clip=algo.value_clip,
+                                          n_tokens=n_tokens)
+            return loss, {key: float(v) for key, v in stats.items()}
+
+        kept = self._schedule("critic", batch.input_ids, batch.attention_mask, parts, loss_fn, forward_only=False)
+        return self._row(kept, {"critic/grad_norm": self._finish_step("critic", lr)})
+
     def score(self, batch: Any, request: ScoreRequest) -> Scores | None:
-        if request.values:
-            raise ConfigError("backend=megatron has no critic: algorithm.advantage=gae is unsupported; use "
-                              "backend=native.", key="algorithm.advantage", value="gae")
         scores = super().score(batch, request)
         return scores if self.reporter else None
 
@@ -300,7 +267,8 @@ class MegatronRank(ReferenceTrainer):
     def update(self, batch: Any, plan: Any) -> dict[str, float] | None:
         from unirl.engine.update import run_mini_batches
 
-        out = run_mini_batches(batch, plan, lambda mb, lr: self._policy_step(mb, lr) or {})
+        out = run_mini_batches(batch, plan, lambda mb, lr: self._policy_step(mb, lr) or {},
+                               lambda mb, lr: self._critic_step(mb, lr) or {})
         return out if self.reporter else None
 
     # ------------------------------------------------------------------ state
@@ -328,7 +296,7 @@ class MegatronRank(ReferenceTrainer):
     def _optimizer_state(self, name: str) -> dict[str, Any]:
         """AdamW's moments as whole HF-keyed tensors: each moment is written into the parameters and
         exported through the bridge (the same exact reshuffle as the weights), then the weights are put back."""
-        inner, model = self._inner(name), _unwrap(self.models.models[name])
+        inner, model = self._inner(name), unwrap(self.models.models[name])
         params = list(model.parameters())
         if not inner.state:
             return {"step": 0.0}
@@ -342,7 +310,7 @@ class MegatronRank(ReferenceTrainer):
                 with torch.no_grad():
                     for p in params:
                         p.copy_(inner.state[p][key])
-                out[key] = export_state(self.models.bridge, model)
+                out[key] = export_state(self.models.bridge_of(name), model)
         finally:
             with torch.no_grad():
                 for p, w in zip(params, weights):
@@ -350,13 +318,13 @@ class MegatronRank(ReferenceTrainer):
         return out
 
     def _load_optimizer_state(self, name: str, state: dict[str, Any]) -> None:
-        inner, model = self._inner(name), _unwrap(self.models.models[name])
+        inner, model = self._inner(name), unwrap(self.models.models[name])
         inner.state.clear()
         if not state["step"]:
             return
         params = list(model.parameters())
         for key in MOMENTS:
-            self.models.bridge.load_state([model], state[key])
+            self.models.bridge_of(name).load_state([model], state[key])
             for p in params:
                 inner.state[p][key] = p.detach().clone()
         for p in params:
@@ -374,15 +342,17 @@ class MegatronRank(ReferenceTrainer):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "reference" in state["models"]:
             self.models.snapshot_reference()
+        for name, per_token in SCORERS.items():
+            if name in state["models"]:  # the checkpoint's head and backbone replace the ones it starts with
+                self.models.heads[name] = state["models"][name]
+                self.models.ensure_scorer(name, per_token, self.recipe.algorithm.critic_lr if per_token
+                                          else self.recipe.trainer.lr)
         for name, sd in state["optimizers"].items():
             self._load_optimizer_state(name, sd)
         for name, sd in state["models"].items():  # after the moments, which pass through the parameters
             self.models.load_full_state(name, sd)
         self.models.weights.updated()
         self.models.trained = set(state["trained"])
-
-    def export(self, run_dir: str) -> dict[str, str]:
-        return self.models.export(run_dir)
 
     def shutdown(self) -> None:
         from megatron.core import parallel_state as ps

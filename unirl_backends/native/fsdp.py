@@ -20,7 +20,6 @@ bias correction of a second one.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +27,7 @@ import torch
 from unirl.engine.ranked import RankedTrainer
 from unirl.engine.reference_trainer import ReferenceTrainer
 from unirl.models.lifecycle import ModelSet
-from unirl.models.loading import load_tokenizer, save_hf_model
+from unirl.models.loading import load_tokenizer
 from unirl.protocols import BuildContext
 
 def _full(everywhere: bool = True) -> Any:
@@ -76,19 +75,10 @@ class ShardedModelSet(ModelSet):
     def unsharded(self, name: str) -> torch.nn.Module:
         return self.plain(name, self.full_state(name))
 
-    def export(self, run_dir: str) -> dict[str, str]:
-        """Every rank gathers the whole models; rank 0 writes them."""
-        from unirl.models.lifecycle import EXPORT_FOLDERS
-
-        out = {}
-        for name, folder in EXPORT_FOLDERS:
-            if name in self.trained or (name == "policy" and not self.trained):
-                state = self.full_state(name, everywhere=False)
-                path = str(Path(run_dir) / folder)
-                if self.rank == 0:
-                    save_hf_model(self.plain(name, state), self.tokenizer, path)
-                out[name] = path
-        return out
+    def exported(self, name: str) -> torch.nn.Module | None:
+        """Gathered to rank 0 only (the others take part and hold nothing)."""
+        state = self.full_state(name, everywhere=False)
+        return self.plain(name, state) if self.writes else None
 
 
 def _param_names(model: torch.nn.Module) -> list[str]:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from unirl.errors import ConfigError, UnirlError, UsageError
+from unirl_backends.openrlhf.plugin import zero_stage
 
 
 def reward_func_from_recipe(recipe_path: str) -> Any:
@@ -98,7 +99,7 @@ def prepare_stage(recipe: Any, stage: Any, *, model_path: str, out: Path, option
 
     options = dict(options or {})
     gpus = str(int(options.get("n_gpus_per_node", 1)))
-    zero = int(options.get("zero_stage", 0))
+    zero = zero_stage(recipe, options)
     data = out / "data" / f"{stage.name}.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
     rows = _rows(recipe, stage, task)

@@ -55,6 +55,8 @@ CAPABILITIES = Capabilities(
                                     when=(_RL,), when_any=(("kl.placement", "in_loss"),
                                                            ("algorithm.entropy_coef", ON))),
     },
+    # one process in engine mode; ZeRO 0-2 there, 3 with backend_options.mode=trainer (validate says so)
+    parallel={"dp": 1, "zero_stage": (0, 1, 2, 3)},
 )
 
 
@@ -70,7 +72,7 @@ class OpenRLHFOptions:
 
     mode: str = "engine"  # engine | trainer
     dry_run: bool = False  # trainer mode: prepare the first stage and print its command only
-    zero_stage: int = 0  # DeepSpeed ZeRO stage of the training engine, as --ds.zero_stage (0-2; 3 in trainer mode)
+    zero_stage: int = 0  # deprecated (unirl 0.3 removes it): parallel.zero_stage, the same for every backend
     param_dtype: str = ""  # trainer mode: --ds.param_dtype (bf16 | fp16); engine mode trains in model.dtype
     n_gpus_per_node: int = 1  # trainer mode: GPUs for the actor, the reference and vLLM engines (colocated)
 
@@ -79,12 +81,23 @@ class OpenRLHFOptions:
         if cfg.mode not in ("engine", "trainer"):
             return (f"mode={cfg.mode!r}; allowed: 'engine' (unirl's loop on OpenRLHF's losses), 'trainer' "
                     f"(OpenRLHF's own train_ppo_ray / train_dpo, GPU).")
-        if cfg.zero_stage == 3 and cfg.mode == "engine":
-            return ("zero_stage=3 partitions the parameters, which the in-process rollout and the frozen reference "
-                    "copy cannot read yet (measured: GRPO fails on DeepSpeed's partitioned Parameter); allowed: 0, 1, "
-                    "2 (3 with mode=trainer, where OpenRLHF's own trainer runs).")
         if cfg.zero_stage not in (0, 1, 2, 3):
             return f"zero_stage={cfg.zero_stage}; allowed: 0, 1, 2 (and 3 with mode=trainer)."
+        if cfg.zero_stage:
+            import warnings
+
+            warnings.warn("backend_options.zero_stage is deprecated and will be removed in unirl 0.3: set "
+                          "parallel.zero_stage, which every DeepSpeed-based backend reads", DeprecationWarning,
+                          stacklevel=2)
+            asked = recipe.parallel.zero_stage if recipe is not None else 0
+            if asked and asked != cfg.zero_stage:
+                return (f"zero_stage={cfg.zero_stage} contradicts parallel.zero_stage={asked}; set only "
+                        f"parallel.zero_stage.")
+        if zero_stage(recipe, cfg) == 3 and cfg.mode == "engine":
+            return ("zero_stage=3 partitions the parameters, which the in-process rollout and the frozen reference "
+                    "copy cannot read yet (measured: GRPO fails on DeepSpeed's partitioned Parameter); allowed: 0, 1, "
+                    "2 (3 with mode=trainer, where OpenRLHF's own trainer runs; backend=deepspeed runs ZeRO-3 in "
+                    "engine mode).")
         if cfg.param_dtype not in ("", "bf16", "fp16"):
             return f"param_dtype={cfg.param_dtype!r}; allowed: 'bf16', 'fp16' (or empty: model.dtype)."
         if cfg.n_gpus_per_node < 1:
@@ -101,6 +114,14 @@ class OpenRLHFOptions:
                                        fix="run it on a GPU machine with them installed (scripts/gpu/openrlhf.sh), "
                                            "use mode=engine here, or add backend_options.dry_run=true to write the "
                                            "files and print the command")
+
+
+def zero_stage(recipe: Any, options: Any) -> int:
+    """The DeepSpeed ZeRO stage a run uses: ``parallel.zero_stage``, or the deprecated
+    ``backend_options.zero_stage`` when only that is set (--ds.zero_stage in trainer mode)."""
+    asked = int(recipe.parallel.zero_stage) if recipe is not None else 0
+    legacy = options.get("zero_stage", 0) if isinstance(options, dict) else getattr(options, "zero_stage", 0)
+    return asked or int(legacy or 0)
 
 
 @hookimpl

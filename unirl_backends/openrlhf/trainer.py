@@ -20,15 +20,16 @@ from typing import Any
 import torch
 
 from unirl.batch import PairBatch, RolloutBatch, SFTBatch
+from unirl.engine.deepspeed import Stepper
 from unirl.engine.update import run_mini_batches
 from unirl.errors import ConfigError
 from unirl.models.lifecycle import ModelSet
 from unirl.models.loading import load_tokenizer
 from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
-from unirl.engine.deepspeed import Stepper
 from unirl_backends.openrlhf.deepspeed_engine import build_engine, init_distributed
 from unirl_backends.openrlhf.loader import load
 from unirl_backends.openrlhf.math import entropy_from_logits, policy_actor_loss, ppo_args
+from unirl_backends.openrlhf.plugin import zero_stage
 
 
 class OpenRLHFTrainer:
@@ -36,7 +37,7 @@ class OpenRLHFTrainer:
 
     def __init__(self, ctx: BuildContext, options: dict[str, Any] | None = None) -> None:
         self.options = options or {}
-        self.zero_stage = int(self.options.get("zero_stage", 0))
+        self.zero_stage = zero_stage(ctx.recipe, self.options)
         self.recipe, self.model_path = ctx.recipe, ctx.model_path
         self._group_env = init_distributed()
         self.orl = load()

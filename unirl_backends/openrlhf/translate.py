@@ -16,6 +16,7 @@ from typing import Any
 
 from unirl.errors import ConfigError
 from unirl_backends.openrlhf.loader import parse_args
+from unirl_backends.openrlhf.plugin import zero_stage
 
 #: unirl loss aggregation -> --actor.loss_agg_mode (the only two OpenRLHF's PPO trainer has)
 LOSS_AGG = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean"}
@@ -108,7 +109,7 @@ def dpo_argv(recipe: Any, stage: Any, *, model_path: str, data_path: str, zero_s
 def translate(recipe: Any, model_path: str, run_dir: str, options: Any = None) -> dict[str, Any]:
     """``{stage name: parsed OpenRLHF arguments}`` (a dict for the stages OpenRLHF's CLIs do not run)."""
     options = options or {}
-    zero = int(options.get("zero_stage", 0))
+    zero = zero_stage(recipe, options)
     data = Path(run_dir) / "openrlhf" / "data"
     out: dict[str, Any] = {}
     for stage in recipe.stages:
