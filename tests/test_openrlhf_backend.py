@@ -114,9 +114,11 @@ def test_fixed_values_are_reported_deviations():
 def test_backend_options_are_validated():
     with pytest.raises(ConfigError, match="zero_stage=5; allowed: 0, 1, 2"):
         load_recipe(DEMO, ["backend=openrlhf", "backend_options.zero_stage=5"])
-    for key in ("parallel", "backend_options"):  # the recipe's key, and the deprecated backend option
-        with pytest.raises(ConfigError, match="zero_stage=3 partitions the parameters"):
-            load_recipe(DEMO, ["backend=openrlhf", f"{key}.zero_stage=3"])
+    with pytest.raises(ConfigError, match="zero_stage=3 partitions the parameters"):
+        load_recipe(DEMO, ["backend=openrlhf", "backend_options.zero_stage=3"])
+    with pytest.raises(CapabilityError, match="parallel.zero_stage=3 is not supported by backend 'openrlhf'.*"
+                                              "Backends that support it: deepspeed"):
+        load_recipe(DEMO, ["backend=openrlhf", "parallel.zero_stage=3"])
 
 
 def test_backend_options_zero_stage_is_deprecated_for_parallel_zero_stage():

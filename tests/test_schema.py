@@ -229,7 +229,7 @@ def test_fixed_length_normaliser_needs_a_length():
                                              "tensor-parallel layout). Backends that support it: megatron."),
     (["backend=native", "parallel.dp=2", "parallel.zero_stage=3"],
      "parallel.zero_stage=3 is not supported by backend 'native' (it runs parallel.zero_stage=0). Backends that "
-     "support it: deepspeed, openrlhf."),
+     "support it: deepspeed."),
     (["backend=deepspeed", "parallel.offload=all"], "parallel.offload=all keeps the parameters in CPU memory, which "
                                                     "needs them sharded: set parallel.zero_stage=3 (it is 0)"),
     (["parallel.zero_stage=5"], "parallel.zero_stage=5 is not a ZeRO stage: it must be one of 0, 1, 2, 3"),

@@ -55,8 +55,8 @@ CAPABILITIES = Capabilities(
                                     when=(_RL,), when_any=(("kl.placement", "in_loss"),
                                                            ("algorithm.entropy_coef", ON))),
     },
-    # one process in engine mode; ZeRO 0-2 there, 3 with backend_options.mode=trainer (validate says so)
-    parallel={"dp": 1, "zero_stage": (0, 1, 2, 3)},
+    # one process, ZeRO 0-2 (engine mode; ZeRO-3 only with mode=trainer, through backend_options.zero_stage)
+    parallel={"dp": 1, "zero_stage": (0, 1, 2)},
 )
 
 
@@ -72,7 +72,7 @@ class OpenRLHFOptions:
 
     mode: str = "engine"  # engine | trainer
     dry_run: bool = False  # trainer mode: prepare the first stage and print its command only
-    zero_stage: int = 0  # deprecated (unirl 0.3 removes it): parallel.zero_stage, the same for every backend
+    zero_stage: int = 0  # 3: trainer mode's --ds.zero_stage 3; 1-2 deprecated (parallel.zero_stage, every backend)
     param_dtype: str = ""  # trainer mode: --ds.param_dtype (bf16 | fp16); engine mode trains in model.dtype
     n_gpus_per_node: int = 1  # trainer mode: GPUs for the actor, the reference and vLLM engines (colocated)
 
@@ -83,17 +83,17 @@ class OpenRLHFOptions:
                     f"(OpenRLHF's own train_ppo_ray / train_dpo, GPU).")
         if cfg.zero_stage not in (0, 1, 2, 3):
             return f"zero_stage={cfg.zero_stage}; allowed: 0, 1, 2 (and 3 with mode=trainer)."
-        if cfg.zero_stage:
+        if cfg.zero_stage in (1, 2):  # 3 (trainer mode only) has no recipe key yet: not deprecated
             import warnings
 
-            warnings.warn("backend_options.zero_stage is deprecated and will be removed in unirl 0.3: set "
-                          "parallel.zero_stage, which every DeepSpeed-based backend reads", DeprecationWarning,
-                          stacklevel=2)
+            warnings.warn("backend_options.zero_stage is deprecated for stages 1 and 2 and will be removed in unirl "
+                          "0.3: set parallel.zero_stage, which every DeepSpeed-based backend reads",
+                          DeprecationWarning, stacklevel=2)
             asked = recipe.parallel.zero_stage if recipe is not None else 0
             if asked and asked != cfg.zero_stage:
                 return (f"zero_stage={cfg.zero_stage} contradicts parallel.zero_stage={asked}; set only "
                         f"parallel.zero_stage.")
-        if zero_stage(recipe, cfg) == 3 and cfg.mode == "engine":
+        if cfg.zero_stage == 3 and cfg.mode == "engine":
             return ("zero_stage=3 partitions the parameters, which the in-process rollout and the frozen reference "
                     "copy cannot read yet (measured: GRPO fails on DeepSpeed's partitioned Parameter); allowed: 0, 1, "
                     "2 (3 with mode=trainer, where OpenRLHF's own trainer runs; backend=deepspeed runs ZeRO-3 in "
