@@ -189,26 +189,30 @@ class ReferenceTrainer:
     def _all_values(self, batch: RolloutBatch) -> torch.Tensor:
         return torch.cat([self._values(batch, sl) for sl in self.models.micro_batches(len(batch))])
 
+    def _policy_loss(self, logits: torch.Tensor, batch: RolloutBatch, sl: slice, mask: torch.Tensor,
+                     normaliser: Any, n_tokens: float) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The policy objective of micro-batch ``sl`` (rows of ``batch``) from its ``logits``,
+        already divided by the step's ``normaliser``; ``mask`` is the whole step's response mask."""
+        algo, ids = self.recipe.algorithm, batch.input_ids[sl]
+        # the entropy bonus is differentiated; without it entropy is only logged
+        if algo.entropy_coef:
+            logp, entropy = token_logprobs(logits, ids), token_entropy(logits)
+        else:
+            logp, entropy = token_logprobs_and_entropy(logits, ids, mask[sl])
+        # Without stored behaviour log-probs the batch is on-policy: old = current (ratio 1).
+        old = batch.old_logprobs[sl] if batch.old_logprobs is not None else logp.detach()
+        ref = batch.ref_logprobs[sl] if batch.ref_logprobs is not None else None
+        return policy_objective(logp=logp, old_logp=old, ref_logp=ref, advantages=batch.advantages[sl],
+                                mask=mask[sl], entropy=entropy, algo=algo, normaliser=normaliser, n_tokens=n_tokens)
+
     def _policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
-        algo = self.recipe.algorithm
         mask = batch.response_mask[:, 1:].float()
-        normaliser = step_normaliser(mask, algo.loss_agg, norm_length=loss_norm_length(self.recipe))
+        normaliser = step_normaliser(mask, self.recipe.algorithm.loss_agg, norm_length=loss_norm_length(self.recipe))
         n_tokens = float(mask.sum().clamp(min=1))
         sums: dict[str, float] = {}
         for sl in self.models.micro_batches(len(batch)):
-            ids = batch.input_ids[sl]
-            logits = self.forward("policy", ids, batch.attention_mask[sl])
-            # the entropy bonus is differentiated; without it entropy is only logged
-            if algo.entropy_coef:
-                logp, entropy = token_logprobs(logits, ids), token_entropy(logits)
-            else:
-                logp, entropy = token_logprobs_and_entropy(logits, ids, mask[sl])
-            # Without stored behaviour log-probs the batch is on-policy: old = current (ratio 1).
-            old = batch.old_logprobs[sl] if batch.old_logprobs is not None else logp.detach()
-            ref = batch.ref_logprobs[sl] if batch.ref_logprobs is not None else None
-            loss, stats = policy_objective(logp=logp, old_logp=old, ref_logp=ref, advantages=batch.advantages[sl],
-                                           mask=mask[sl], entropy=entropy, algo=algo, normaliser=normaliser,
-                                           n_tokens=n_tokens)
+            logits = self.forward("policy", batch.input_ids[sl], batch.attention_mask[sl])
+            loss, stats = self._policy_loss(logits, batch, sl, mask, normaliser, n_tokens)
             self.backward("policy", loss)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)

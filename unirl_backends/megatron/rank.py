@@ -26,9 +26,8 @@ from typing import Any
 import torch
 
 from unirl.algorithms.aggregation import step_normaliser
-from unirl.algorithms.objectives import (dpo_objective, policy_objective, reward_model_objective, sft_objective,
-                                         value_objective)
-from unirl.algorithms.policy_loss import sft_token_loss, token_entropy, token_logprobs, token_logprobs_and_entropy
+from unirl.algorithms.objectives import dpo_objective, reward_model_objective, sft_objective, value_objective
+from unirl.algorithms.policy_loss import sft_token_loss, token_logprobs
 from unirl.config.derived import loss_norm_length
 from unirl.engine.reference_trainer import ReferenceTrainer
 from unirl.errors import ConfigError
@@ -242,23 +241,13 @@ class MegatronRank(ReferenceTrainer):
         return scores if self.reporter else None
 
     def _policy_step(self, batch: Any, lr: float) -> dict[str, float] | None:
-        algo = self.recipe.algorithm
         mask = batch.response_mask[:, 1:].float()
-        normaliser = step_normaliser(mask, algo.loss_agg, norm_length=loss_norm_length(self.recipe))
+        normaliser = step_normaliser(mask, self.recipe.algorithm.loss_agg, norm_length=loss_norm_length(self.recipe))
         n_tokens = float(mask.sum().clamp(min=1))
         parts = self.models.micro_batches(len(batch))
 
         def loss_fn(logits: torch.Tensor, k: int) -> Any:
-            sl, ids = parts[k], batch.input_ids[parts[k]]
-            if algo.entropy_coef:
-                logp, entropy = token_logprobs(logits, ids), token_entropy(logits)
-            else:
-                logp, entropy = token_logprobs_and_entropy(logits, ids, mask[sl])
-            old = batch.old_logprobs[sl] if batch.old_logprobs is not None else logp.detach()
-            ref = batch.ref_logprobs[sl] if batch.ref_logprobs is not None else None
-            loss, stats = policy_objective(logp=logp, old_logp=old, ref_logp=ref, advantages=batch.advantages[sl],
-                                           mask=mask[sl], entropy=entropy, algo=algo, normaliser=normaliser,
-                                           n_tokens=n_tokens)
+            loss, stats = self._policy_loss(logits, batch, parts[k], mask, normaliser, n_tokens)
             return loss, {key: float(v) for key, v in stats.items()}
 
         kept = self._schedule("policy", batch.input_ids, batch.attention_mask, parts, loss_fn, forward_only=False)
