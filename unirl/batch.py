@@ -7,7 +7,7 @@ entry ``t - 1`` belongs to token ``t`` (the one predicted from ``x_<t``). Masks 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 import torch
@@ -117,3 +117,18 @@ class PairBatch:
 
     def __len__(self) -> int:
         return len(self.sequences) // 2
+
+
+def on_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` (a :class:`RolloutBatch`, :class:`SFTBatch` or :class:`PairBatch`) with every
+    tensor on ``device``; the batch itself when they already are (on the CPU: no copy)."""
+    changes: dict[str, Any] = {}
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor) and value.device != device:
+            changes[f.name] = value.to(device)
+        elif is_dataclass(value) and not isinstance(value, type):
+            moved = on_device(value, device)
+            if moved is not value:
+                changes[f.name] = moved
+    return replace(batch, **changes) if changes else batch

@@ -217,14 +217,14 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Everything :func:`save_checkpoint` wrote, as ``{"trainer", "state", "buffer", "rng"}``."""
     path = Path(path)
     try:
-        trainer_state: dict[str, Any] = torch.load(path / "trainer.pt", weights_only=True)
+        trainer_state: dict[str, Any] = torch.load(path / "trainer.pt", weights_only=True, map_location="cpu")
         trainer_state["models"] = {f.name[len("model-"):-len(".safetensors")]: load_file(str(f))
                                    for f in sorted(path.glob(_MODEL_FILE.format("*")))}
         return {
             "trainer": trainer_state,
             "state": json.loads((path / "state.json").read_text()),
-            "buffer": torch.load(path / "buffer.pt", weights_only=True),
-            "rng": torch.load(path / "rng.pt", weights_only=True),
+            "buffer": torch.load(path / "buffer.pt", weights_only=True, map_location="cpu"),
+            "rng": torch.load(path / "rng.pt", weights_only=True, map_location="cpu"),
         }
     except Exception as exc:  # noqa: BLE001
         raise RunError(f"checkpoint {str(path)!r} could not be read ({type(exc).__name__}: {exc}). Delete it to "

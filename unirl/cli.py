@@ -23,8 +23,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from unirl.plugin_manager import get_plugin_host
     from unirl.progress import make_console
 
+    from unirl.distributed.launch import active
+
     host = get_plugin_host()
     recipe = load_recipe(args.recipe, args.overrides, host=host)
+    if (launch := active()) is not None:  # torchrun started this process as rank 0: the driver
+        launch.check_layout(recipe)
     console = make_console()
     model = recipe.model.path or "tiny Qwen2 (built locally)"
     console.print(f"unirl {__version__}: backend={recipe.backend} model={model} run.dir={recipe.run.dir}",
@@ -363,18 +367,30 @@ def _print_error(kind: str, exc: BaseException) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    launch, code = None, 1
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        if args.func is _cmd_run:  # under torchrun: rank 0 drives, the other ranks answer it
+            from unirl.distributed.launch import from_environment
+
+            launch = from_environment()
+            if launch is not None and not launch.leads:
+                code, launch = launch.follow(), None
+                return code
+        code = args.func(args)
     except UsageError as exc:
         _print_error("error", exc)
-        return 2
+        code = 2
     except UnirlError as exc:
         _print_error("run failed", exc)
-        return 1
+        code = 1
     except KeyboardInterrupt:
         print("unirl: interrupted; completed checkpoints are kept (continue with resume=auto)", file=sys.stderr)
-        return 130
+        code = 130
+    finally:
+        if launch is not None:
+            launch.finish(code)
+    return code
 
 
 if __name__ == "__main__":

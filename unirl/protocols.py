@@ -166,6 +166,11 @@ class Scores:
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
 
+    def cpu(self) -> Scores:
+        """The same scores on the CPU, where the driver's math runs (a trainer on a GPU returns these)."""
+        return Scores(*(t.cpu() if t is not None else None for t in (self.old_logprobs, self.ref_logprobs,
+                                                                     self.values)))
+
 
 @dataclass(frozen=True)
 class UpdatePlan:

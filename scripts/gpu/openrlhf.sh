@@ -14,9 +14,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/gpu/common.sh
 gpu_setup openrlhf deepspeed
 echo "== 1. engine mode on CUDA, ZeRO-2"
-"$PY" -m unirl run configs/grpo_tiny.yaml backend=openrlhf backend_options.zero_stage=2 run.dir="$out/grpo" \
+"$PY" -m unirl run configs/grpo_tiny.yaml backend=openrlhf parallel.zero_stage=2 run.dir="$out/grpo" \
   run.overwrite=true | tail -n 2 | tee -a "$out/summary.txt"
-"$PY" -m unirl run configs/dpo_tiny.yaml backend=openrlhf backend_options.zero_stage=2 run.dir="$out/dpo" \
+"$PY" -m unirl run configs/dpo_tiny.yaml backend=openrlhf parallel.zero_stage=2 run.dir="$out/dpo" \
   run.overwrite=true | tail -n 2 | tee -a "$out/summary.txt"
 check_trainer_run() {  # run dir, steps expected, a metric every row has
   "$PY" - "$1" "$2" "$3" <<'PY'

@@ -44,6 +44,17 @@ def rank_environment(rank: int, world: int, port: int) -> RankEnvironment | None
     return RankEnvironment(dist.get_rank(), dist.get_world_size(), port)
 
 
+def local_device() -> "torch.device":
+    """Where this process's trainer keeps its models and batches: the CUDA device that
+    :func:`init_group` selected (``cuda:0`` outside a group) when CUDA is visible, else the CPU.
+    Hide the GPUs (``CUDA_VISIBLE_DEVICES=``) to train on the CPU of a GPU machine."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def init_group(rank: int, world: int, port: int) -> RankEnvironment | None:
     """Join (or create) the default process group: NCCL on GPUs, gloo otherwise. Returns the
     environment it set, to restore when the group's user closes (None when it set nothing)."""

@@ -40,6 +40,25 @@ def _recv(conn: Any) -> Any:
     import pickle
 
     return pickle.loads(conn.recv_bytes())
+
+
+def _on_cpu(obj: Any) -> Any:
+    """``obj`` (a rank's answer: rows, scores, state dicts) with every tensor on the CPU, so that a
+    rank on a GPU hands the driver nothing that would put the driver on that GPU."""
+    import dataclasses
+
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: _on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_on_cpu(v) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _on_cpu(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                                           if f.init})
+    return obj
 from unirl.distributed.env import init_group
 from unirl.errors import RunError
 
@@ -108,10 +127,10 @@ def _serve(rank: int, world: int, port: int, conn: Any, factory: Callable[..., A
 
                 with CollectiveCounter() as counted:
                     result = getattr(worker, method)(*((shard,) if shard is not None else ()), **kwargs)
-                _send(conn, ("ok", (result, counted.stats)))
+                _send(conn, ("ok", (_on_cpu(result), counted.stats)))
                 continue
             result = getattr(worker, method)(*((shard,) if shard is not None else ()), **kwargs)
-            _send(conn, ("ok", result))
+            _send(conn, ("ok", _on_cpu(result)))
         except BaseException:  # noqa: BLE001
             _send(conn, ("error", traceback.format_exc()))
     import torch.distributed as dist
@@ -186,15 +205,8 @@ class SpawnedRanks:
 
     def peak_memory_bytes(self) -> list[int]:
         """Each rank process's peak resident memory (``VmHWM``; empty where /proc is absent)."""
-        out = []
-        for proc in self.procs:
-            try:
-                status = open(f"/proc/{proc.pid}/status").read()
-            except OSError:
-                return []
-            kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
-            out.append(kib * 1024)
-        return out
+        peaks = [peak_rss_bytes(proc.pid) for proc in self.procs]
+        return [] if any(p is None for p in peaks) else peaks
 
     def take_collectives(self) -> dict[str, float]:
         from unirl.distributed.comms import merge_ranks
@@ -217,10 +229,24 @@ class SpawnedRanks:
         self.conns, self.procs = [], []
 
 
+def peak_rss_bytes(pid: int | str = "self") -> int | None:
+    """A process's peak resident memory (``VmHWM``), None where /proc is absent."""
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        return None
+    return 1024 * next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+
+
 def start_ranks(factory: Callable[..., Any], *args: Any, world: int, name: str,
-                collectives: bool = False) -> LocalRanks | SpawnedRanks:
-    """One rank in this process when ``world == 1``, otherwise ``world`` spawned rank processes
+                collectives: bool = False) -> Any:
+    """The trainer's ranks: those a launcher started (``torchrun``; :mod:`unirl.distributed.launch`),
+    else one rank in this process when ``world == 1``, otherwise ``world`` spawned rank processes
     (``collectives``: count each call's collectives, ``profile.collectives``)."""
+    from unirl.distributed.launch import LaunchedRanks, active
+
+    if (launch := active()) is not None:
+        return LaunchedRanks(launch, factory, *args, world=world, name=name, collectives=collectives)
     if world == 1:
         return LocalRanks(factory, *args, name=name)
     return SpawnedRanks(factory, *args, world=world, name=name, collectives=collectives)

@@ -23,7 +23,7 @@ from unirl.algorithms.aggregation import step_normaliser
 from unirl.algorithms.objectives import (dpo_objective, policy_objective, reward_model_objective, sft_objective,
                                          value_objective)
 from unirl.algorithms.policy_loss import sft_token_loss, token_entropy, token_logprobs, token_logprobs_and_entropy
-from unirl.batch import PairBatch, RolloutBatch, SFTBatch
+from unirl.batch import PairBatch, RolloutBatch, SFTBatch, on_device
 from unirl.config.derived import loss_norm_length
 from unirl.engine.update import run_mini_batches
 from unirl.models.lifecycle import ModelSet, grad_norm
@@ -101,16 +101,18 @@ class ReferenceTrainer:
 
     def supervised_step(self, stage_type: str, batch: SFTBatch | PairBatch, lr: float) -> dict[str, float]:
         step = {"sft": self._lm_step, "cpt": self._lm_step, "dpo": self._dpo_step, "rm": self._rm_step}[stage_type]
-        return step(batch, lr)
+        return step(on_device(batch, self.models.device), lr)
 
     def score(self, batch: RolloutBatch, request: ScoreRequest) -> Scores:
+        """The requested per-token tensors, on the CPU (where the driver's math runs)."""
+        batch = on_device(batch, self.models.device)
         return Scores(
             old_logprobs=self._token_logprobs("policy", batch) if request.old_logprobs else None,
             ref_logprobs=self._token_logprobs("reference", batch) if request.ref_logprobs else None,
-            values=self._all_values(batch) if request.values else None)
+            values=self._all_values(batch) if request.values else None).cpu()
 
     def update(self, batch: RolloutBatch, plan: UpdatePlan) -> dict[str, float]:
-        return run_mini_batches(batch, plan, self._policy_step, self._critic_step)
+        return run_mini_batches(on_device(batch, self.models.device), plan, self._policy_step, self._critic_step)
 
     # ------------------------------------------------------------------ language-model losses
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from unirl.config.derived import stage_needs
+from unirl.distributed.env import local_device
 from unirl.models.loading import load_causal_lm, load_scorer, save_hf_model
 from unirl.models.weights import WeightSync
 
@@ -27,7 +28,11 @@ class ModelSet:
 
     ``rank`` / ``world``: this process's share of every batch. One process trains on all of
     it; a data-parallel subclass sets them, and :meth:`micro_batches` then covers only its
-    rank's contiguous share, so the step-global normalisers stay those of one process."""
+    rank's contiguous share, so the step-global normalisers stay those of one process.
+
+    ``device``: where the models live and the trainer computes (:func:`unirl.distributed.env.local_device`:
+    this process's CUDA device when one is visible, else the CPU). States leave through
+    :meth:`full_state` on that device; a checkpoint loads them onto the CPU first."""
 
     rank, world = 0, 1
 
@@ -35,6 +40,7 @@ class ModelSet:
                  make_stepper: Callable[[torch.nn.Module, float], Any]) -> None:
         self.recipe, self.model_path, self.tokenizer = recipe, model_path, tokenizer
         self.make_stepper = make_stepper
+        self.device = local_device()
         policy = load_causal_lm(model_path, recipe.model.dtype)
         policy.train()
         self.models: dict[str, torch.nn.Module] = {"policy": self.place(policy)}
@@ -50,8 +56,8 @@ class ModelSet:
     # -- where the models live: in this process as they are (a subclass shards them over ranks) --
 
     def place(self, model: torch.nn.Module) -> torch.nn.Module:
-        """A new model, made ready before anything steps it (here: as it is)."""
-        return model
+        """A new model, made ready before anything steps it (here: moved to :attr:`device`)."""
+        return model.to(self.device)
 
     def full_state(self, name: str) -> dict[str, torch.Tensor]:
         """Model ``name``'s whole state dict (unsharded)."""

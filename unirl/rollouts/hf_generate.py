@@ -26,7 +26,10 @@ class HFGenerateRollout:
         else:
             from unirl.models.loading import load_causal_lm
 
-            self.model, self.shares_trainer_policy = load_causal_lm(ctx.model_path, ctx.recipe.model.dtype), False
+            from unirl.distributed.env import local_device
+
+            model = load_causal_lm(ctx.model_path, ctx.recipe.model.dtype).to(local_device())
+            self.model, self.shares_trainer_policy = model, False
         self._next_group = 0
 
     def default_params(self, n: int) -> SamplingParams:
@@ -38,8 +41,9 @@ class HFGenerateRollout:
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
         tok = self.tokenizer
         enc = tok(list(prompts), return_tensors="pt", padding=True, padding_side="left")
-        prompt_ids = enc.input_ids.repeat_interleave(params.n, dim=0)
-        prompt_mask = enc.attention_mask.repeat_interleave(params.n, dim=0)
+        device = next(self.model.parameters()).device  # the shared policy's (CUDA when the trainer's is)
+        prompt_ids = enc.input_ids.repeat_interleave(params.n, dim=0).to(device)
+        prompt_mask = enc.attention_mask.repeat_interleave(params.n, dim=0).to(device)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -50,6 +54,7 @@ class HFGenerateRollout:
             )
         finally:
             self.model.train(was_training)
+        out, prompt_mask = out.cpu(), prompt_mask.cpu()  # batches travel on the CPU
         p_len = prompt_ids.shape[1]
         response = out[:, p_len:]
         # Response tokens up to and including the first EOS are real; generate pads after it.

@@ -27,8 +27,8 @@ def last_tokens(ids: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
     pools it (``GenericForSequenceClassification.forward``, transformers 5 modeling_layers.py): the
     rightmost token that is not the pad token, left or right padding alike."""
     if pad_token_id is None:
-        return torch.full((ids.shape[0],), ids.shape[1] - 1)
-    return (torch.arange(ids.shape[1]) * (ids != pad_token_id).int()).argmax(-1)
+        return torch.full((ids.shape[0],), ids.shape[1] - 1, device=ids.device)
+    return (torch.arange(ids.shape[1], device=ids.device) * (ids != pad_token_id).int()).argmax(-1)
 
 
 class MegatronModelSet(ModelSet):

@@ -44,8 +44,8 @@ def _inputs(ids: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.
     """GPTModel's inputs for an HF-style batch: positions 0..T-1 (as transformers numbers them
     without a cache) and a boolean mask, True where a query may not see a key (causal or padding)."""
     b, t = ids.shape
-    allowed = torch.ones(t, t, dtype=torch.bool).tril()[None] & attn.bool()[:, None, :]
-    return ids, torch.arange(t).unsqueeze(0).expand(b, t), (~allowed).unsqueeze(1)
+    allowed = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()[None] & attn.bool()[:, None, :]
+    return ids, torch.arange(t, device=ids.device).unsqueeze(0).expand(b, t), (~allowed).unsqueeze(1)
 
 
 class MegatronRank(ReferenceTrainer):
@@ -128,7 +128,7 @@ class MegatronRank(ReferenceTrainer):
 
             def loss_func(logits: torch.Tensor) -> Any:
                 loss, keep = loss_fn(logits, k)
-                return loss, torch.ones((), dtype=torch.int), keep
+                return loss, torch.ones((), dtype=torch.int, device=logits.device), keep
 
             return out, loss_func
 
@@ -206,7 +206,7 @@ class MegatronRank(ReferenceTrainer):
 
         def loss_fn(out: torch.Tensor, k: int) -> Any:
             rows, half = parts[k], len(parts[k]) // 2
-            scores = out[torch.arange(len(rows)), last[rows], 0]
+            scores = out[torch.arange(len(rows), device=out.device), last[rows], 0]
             loss, stats = reward_model_objective(r_c=scores[:half], r_r=scores[half:], n_pairs=float(n))
             return loss, {key: float(v) for key, v in stats.items()}
 
@@ -254,9 +254,10 @@ class MegatronRank(ReferenceTrainer):
         return self._row(kept, {"grad/norm": self._finish_step("policy", lr), "lr": lr, "tokens/trained": n_tokens})
 
     def update(self, batch: Any, plan: Any) -> dict[str, float] | None:
+        from unirl.batch import on_device
         from unirl.engine.update import run_mini_batches
 
-        out = run_mini_batches(batch, plan, lambda mb, lr: self._policy_step(mb, lr) or {},
+        out = run_mini_batches(on_device(batch, self.models.device), plan, lambda mb, lr: self._policy_step(mb, lr) or {},
                                lambda mb, lr: self._critic_step(mb, lr) or {})
         return out if self.reporter else None
 

@@ -49,6 +49,7 @@ class ShardedModelSet(ModelSet):
     def place(self, model: torch.nn.Module) -> torch.nn.Module:
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
+        model.to(self.device)  # the rank's GPU (NCCL) or the CPU (gloo): where its shards live
         for layer in getattr(model.base_model, "layers", []):
             fully_shard(layer)
         fully_shard(model)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from unirl.batch import PairBatch, RolloutBatch, SFTBatch
+from unirl.batch import PairBatch, RolloutBatch, SFTBatch, on_device
 from unirl.engine.deepspeed import Stepper
 from unirl.engine.update import run_mini_batches
 from unirl.errors import ConfigError
@@ -72,17 +72,18 @@ class OpenRLHFTrainer:
 
     def supervised_step(self, stage_type: str, batch: SFTBatch | PairBatch, lr: float) -> dict[str, float]:
         step = {"sft": self._lm_step, "cpt": self._lm_step, "dpo": self._dpo_step, "rm": self._rm_step}[stage_type]
-        return step(batch, lr)
+        return step(on_device(batch, self.models.device), lr)
 
     def score(self, batch: RolloutBatch, request: ScoreRequest) -> Scores:
         if request.values:
             raise ConfigError("advantage=gae is declared unsupported on backend 'openrlhf' (no critic)",
                               key="algorithm.advantage", value="gae")
+        batch = on_device(batch, self.models.device)  # the engines' device; scores go back on the CPU
         return Scores(old_logprobs=self._token_logprobs("policy", batch) if request.old_logprobs else None,
-                      ref_logprobs=self._token_logprobs("reference", batch) if request.ref_logprobs else None)
+                      ref_logprobs=self._token_logprobs("reference", batch) if request.ref_logprobs else None).cpu()
 
     def update(self, batch: RolloutBatch, plan: UpdatePlan) -> dict[str, float]:
-        return run_mini_batches(batch, plan, self._policy_step)
+        return run_mini_batches(on_device(batch, self.models.device), plan, self._policy_step)
 
     def _token_logp(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return self.orl.utils.log_probs_from_logits(logits[:, :-1], ids[:, 1:])
