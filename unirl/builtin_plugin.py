@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from unirl import hookimpl
 from unirl.buffers.options import MemoryBufferConfig, PrioritizedBufferConfig
+from unirl.loggers.tensorboard_logger import TensorBoardLoggerConfig
+from unirl.loggers.wandb_logger import WandbLoggerConfig
 from unirl.rewards import FunctionRewardConfig
 from unirl.rewards.arithmetic import ArithmeticRewardConfig
+from unirl.rewards.combined import CombinedRewardConfig
+from unirl.rewards.format import FormatRewardConfig
+from unirl.rewards.math_answer import MathVerifyRewardConfig
 from unirl.rollouts.options import HFGenerateConfig
 from unirl.tasks.arithmetic import ArithmeticTaskConfig
 from unirl.tasks.text_file import TextFileTaskConfig
@@ -24,6 +29,12 @@ def unirl_register_tasks(register):
 def unirl_register_rewards(register):
     register("arithmetic", "unirl.rewards.arithmetic:ArithmeticReward", config_class=ArithmeticRewardConfig,
              description="rule-based reward in [0, 1]: exact integer answer")
+    register("math_verify", "unirl.rewards.math_answer:MathVerifyReward", config_class=MathVerifyRewardConfig,
+             description="math answer equal to the reference (Hugging Face math-verify: boxed, LaTeX, equivalent forms)")
+    register("format", "unirl.rewards.format:FormatReward", config_class=FormatRewardConfig,
+             description="score for a completion matching a regular expression (default: <think>/<answer> tags)")
+    register("combined", "unirl.rewards.combined:CombinedReward", config_class=CombinedRewardConfig,
+             description="weighted sum of rewards, each with its own options (reward.terms)")
     register("function", "unirl.rewards:load_function_reward", config_class=FunctionRewardConfig,
              description="any TRL-style (prompts, completions, **kw) or verl-style compute_score function, "
                          "by import path or .py file")
@@ -42,3 +53,11 @@ def unirl_register_buffers(register):
     register("prioritized", "unirl.buffers.prioritized:PrioritizedBuffer", config_class=PrioritizedBufferConfig,
              description="trains each step on the best fraction of what was generated, ranked by a recipe-chosen "
                          "score (reward, reward_std, length)")
+
+
+@hookimpl
+def unirl_register_loggers(register):
+    register("tensorboard", "unirl.loggers.tensorboard_logger:TensorBoardLogger", config_class=TensorBoardLoggerConfig,
+             description="TensorBoard scalars in <run.dir>/tensorboard (every metrics.jsonl number)")
+    register("wandb", "unirl.loggers.wandb_logger:WandbLogger", config_class=WandbLoggerConfig,
+             description="Weights & Biases; offline by default (no network), the run id kept for resume")

@@ -11,7 +11,7 @@ import warnings
 from typing import Any
 
 from unirl.errors import PluginContractError
-from unirl.protocols import EngineTrainer, ReplayBuffer, RolloutEngine, StageRunner, Task
+from unirl.protocols import EngineTrainer, MetricsLogger, ReplayBuffer, RolloutEngine, StageRunner, Task
 
 #: what a trainer written against unirl 0.1's one-call-per-tensor protocol has
 _LEGACY_TRAINER = ("lm_step", "logprobs", "reference_logprobs", "policy_step")
@@ -65,7 +65,7 @@ def check_trainer(trainer: Any, owner: str) -> Any:
 def check_component(obj: Any, kind: str, owner: str) -> Any:
     """A built task, rollout or buffer against its protocol (a rollout written against unirl
     0.1, with ``update_weights`` instead of ``load_weights``, is still accepted)."""
-    proto = {"task": Task, "rollout": RolloutEngine, "buffer": ReplayBuffer}.get(kind)
+    proto = {"task": Task, "rollout": RolloutEngine, "buffer": ReplayBuffer, "logger": MetricsLogger}.get(kind)
     if proto is None:
         return obj
     missing = missing_members(obj, proto)

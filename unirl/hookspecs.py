@@ -107,6 +107,18 @@ def unirl_register_tasks(register: Register) -> None:
     """
 
 
+@hookspec
+def unirl_register_loggers(register: Register) -> None:
+    """Register metric loggers (``loggers: [NAME, {name: NAME, ...options}]`` in a recipe; several
+    at once): TensorBoard, Weights & Biases, ...
+
+    Called once at plugin load. ``factory(config, ctx) -> MetricsLogger`` (:mod:`unirl.protocols`),
+    built when a run starts, with ``ctx.run_dir`` and ``ctx.recipe``; it receives every row the run
+    writes to ``metrics.jsonl`` (the same names and values on every backend) and is closed with the
+    run's status. A resumed run starts at ``ctx.start_step``: rows after it are written again.
+    """
+
+
 # -------------------------------------------------------------------------------------------
 # Run events: called by the driver while a recipe runs. Observers only: return values are
 # ignored and an exception in an observer fails the run (it is never swallowed).

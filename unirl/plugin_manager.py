@@ -28,6 +28,7 @@ _REGISTRATION_HOOKS = {
     "unirl_register_rewards": "reward",
     "unirl_register_buffers": "buffer",
     "unirl_register_tasks": "task",
+    "unirl_register_loggers": "logger",
 }
 
 

@@ -69,6 +69,17 @@ class Task(Protocol):
 
 
 @runtime_checkable
+class MetricsLogger(Protocol):
+    """Where a run's metrics go besides ``metrics.jsonl`` (``loggers`` in the recipe)."""
+
+    def log(self, row: dict[str, Any], step: int) -> None:
+        """One row, as written to ``metrics.jsonl``, at global step ``step`` (numbers and strings)."""
+
+    def close(self, status: str) -> None:
+        """The run ended with ``status`` (``completed``, ``stopped``, ``failed``, ...): flush and let go."""
+
+
+@runtime_checkable
 class RewardFn(Protocol):
     """TRL's reward signature; rewards are floats, one per completion."""
 
@@ -316,6 +327,7 @@ class BuildContext:
     model_path: str
     tokenizer: Any = None
     trainer: EngineTrainer | StageRunner | None = None
+    start_step: int = 0  # the global step a run starts (or resumes) after: a logger's first row is the next
 
 
 @runtime_checkable

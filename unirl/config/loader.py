@@ -47,6 +47,9 @@ def load_recipe(path: str | os.PathLike[str] | None, overrides: Sequence[str] = 
         cfg.backend_options = _validate_options(
             OmegaConf.to_container(cfg.backend_options), backend_reg.config_class, "backend_options", recipe=cfg
         )
+        cfg.loggers = [validate_plugin_options("logger", {"name": entry} if isinstance(entry, str) else entry,
+                                               f"loggers.{i}", cfg)
+                       for i, entry in enumerate(OmegaConf.to_container(cfg.loggers))]
     if cfg.algorithm.loss_agg == "seq_mean_token_sum_norm" and cfg.algorithm.loss_norm_length is None \
             and any(st.type == "rl" for st in cfg.stages) and cfg.rollout.get("max_new_tokens") is None:
         raise ConfigError("algorithm.loss_agg='seq_mean_token_sum_norm' divides by a fixed length: set "
@@ -322,6 +325,25 @@ def _validate_component(cfg: Any, section: str, kind: str, registry: Any) -> dic
         policy = _validate_options({k: data.pop(k) for k in POLICY_KEYS if k in data}, RewardPolicy, section)
     options = _validate_options(data, reg.config_class, section, recipe=cfg)
     return {"name": name, **options, **policy}
+
+
+def validate_plugin_options(kind: str, options: dict[str, Any], section: str, recipe: Any = None) -> dict[str, Any]:
+    """A nested plugin's ``{"name": ..., **options}`` (e.g. one term of a combined reward at
+    ``section``), checked as a recipe section is: the name registered, the options its config
+    class takes (a ConfigError naming ``section.key`` otherwise). Returns name and options."""
+    from unirl.plugin_manager import get_plugin_host
+
+    if not isinstance(options, dict):
+        raise ConfigError(f"{section} must be a {kind} name or a mapping {{name: ..., <its options>}}, got "
+                          f"{options!r}.", key=section, value=options)
+    data = dict(options)
+    name = data.pop("name", None)
+    registry = get_plugin_host().registry
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{section}.name is required: the name of a registered {kind} "
+                          f"(installed: {', '.join(registry.names(kind)) or 'none'}).", key=f"{section}.name", value=name)
+    reg = registry.get(kind, name, key=f"{section}.name")
+    return {"name": name, **_validate_options(data, reg.config_class, section, recipe=recipe)}
 
 
 def _validate_options(data: dict[str, Any], config_class: type | None, section: str,

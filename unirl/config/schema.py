@@ -163,6 +163,8 @@ class RecipeConfig:
     rollout: dict[str, Any] = field(default_factory=lambda: {"name": "hf_generate"})
     buffer: dict[str, Any] = field(default_factory=lambda: {"name": "memory"})
     backend_options: dict[str, Any] = field(default_factory=dict)
+    # Metric loggers besides metrics.jsonl, several at once: [tensorboard, {name: wandb, project: p}]
+    loggers: list[Any] = field(default_factory=list)
 
 
 #: Component sections and the registry kind whose config class validates them.

@@ -26,7 +26,9 @@ from unirl.errors import ConfigError, PluginLoadError, RunError, UsageError
 #: on another tensor / pipeline layout.
 RESUME_FREE_KEYS = {"resume", "run.stop_after", "run.overwrite", "run.log_every", "run.threads",
                     "run.max_nonfinite_in_a_row", "reward.isolation", "reward.timeout_s", "reward.memory_mb",
-                    "parallel.dp", "parallel.tp", "parallel.pp", "parallel.zero_stage", "parallel.offload"}
+                    "parallel.dp", "parallel.tp", "parallel.pp", "parallel.zero_stage", "parallel.offload", "loggers"}
+#: sections whose keys may all change on resume (where the metrics also go)
+RESUME_FREE_SECTIONS = ("loggers.",)
 _OWNED = ("config.yaml", "metrics.jsonl", "checkpoints", "model", "critic", "reward_model", "base_model", "run.json")
 
 
@@ -50,7 +52,8 @@ def prepare_run_dir(recipe: Any) -> tuple[Path, Path | None, list[str]]:
             saved = OmegaConf.load(run_dir / "config.yaml") if (run_dir / "config.yaml").exists() else None
             if saved is not None:
                 old, new = _leaves(saved), _leaves(recipe)
-                changed = sorted(k for k in set(old) | set(new) if k not in RESUME_FREE_KEYS and old.get(k) != new.get(k))
+                changed = sorted(k for k in set(old) | set(new) if k not in RESUME_FREE_KEYS
+                                 and not k.startswith(RESUME_FREE_SECTIONS) and old.get(k) != new.get(k))
                 if changed:
                     k = changed[0]
                     raise ConfigError(
@@ -300,6 +303,8 @@ class Driver:
         full = {"stage": stage.name, "stage_type": stage.type, "step": state["stage_step"],
                 "global_step": state["global_step"], **row}
         writer.write(full)
+        for logger in self._loggers:
+            logger.log(dict(full), state["global_step"])
         self.host.hook.unirl_step_end(stage=stage.name, step=state["stage_step"], metrics=dict(full))
         bar.update(state["stage_step"], full)
         stage_done = state["stage_step"] == stage.steps
@@ -378,6 +383,7 @@ class Driver:
         status, exported, writer, t_start = "failed", {}, None, time.perf_counter()
         self.current_stage = None
         self._parts = self._trainer = None
+        self._loggers: list[Any] = []
         restore_signals = self._install_signal_handlers()
         restored = resume_from is None  # a resume that fails before restoring keeps the run's record
         try:
@@ -386,6 +392,9 @@ class Driver:
                 state = self._restore(parts, resume_from)
                 restored = True
             writer = M.MetricsWriter(run_dir / "metrics.jsonl", keep_lines=state["metrics_lines"])
+            from unirl.loggers import build_loggers
+
+            self._loggers = build_loggers(recipe, str(run_dir), state["global_step"])
 
             def checkpoint() -> Path:
                 snapshot = {**state, "metrics_lines": writer.lines, "task": parts.task.state_dict(),
@@ -432,6 +441,12 @@ class Driver:
                                       for d in self.deviations]}
             # bookkeeping: a failure here (a full disk) is reported, never raised over the run's own error
             _bookkeeping("metrics.jsonl", writer.close if writer is not None else None)
+            for logger in self._loggers:  # flushed and closed; a logger's failure never hides the run's outcome
+                try:
+                    logger.close(status)
+                except Exception as exc:  # noqa: BLE001
+                    print(f"unirl: warning: logger {type(logger).__name__} failed to close ({type(exc).__name__}: "
+                          f"{exc}); metrics.jsonl holds every row", file=sys.stderr)
             if restored:
                 _bookkeeping("run.json", lambda: (run_dir / "run.json").write_text(json.dumps(summary, indent=1)))
             else:

@@ -238,16 +238,39 @@ class ReferenceTrainer:
 
     # ------------------------------------------------------------------ state
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"models": {k: m.state_dict() for k, m in self.models.models.items()},
-                "optimizers": {k: o.state_dict() for k, o in self.models.steppers.items()},
-                "trained": sorted(self.models.trained)}
+    # A subclass whose models or optimizers are sharded over ranks overrides the two optimizer
+    # hooks (and ModelSet.saved_state / load_full_state); the checkpoint's shape stays this one,
+    # whole and layout-free, so any layout resumes on any other.
+
+    def optimizer_state(self, name: str) -> dict[str, Any]:
+        """Model ``name``'s optimizer whole, as torch's AdamW keeps it in one process (every rank
+        takes part where it is sharded; only the result of the rank that writes is used)."""
+        return self.models.steppers[name].state_dict()
+
+    def load_optimizer_state(self, name: str, state: dict[str, Any]) -> None:
+        """Load a whole optimizer state (what :meth:`optimizer_state` returned, on any layout)."""
+        self.models.steppers[name].load_state_dict(state)
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """Models and optimizers whole, in the process that writes (:attr:`ModelSet.writes`; the
+        other ranks take part in gathering them and return None)."""
+        models = {k: self.models.saved_state(k) for k in self.models.models}
+        optimizers = {k: self.optimizer_state(k) for k in self.models.steppers}
+        if not self.models.writes:
+            return None
+        return {"models": models, "optimizers": optimizers, "trained": sorted(self.models.trained)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.models.restore_models(state["models"])
         for name, sd in state["optimizers"].items():
-            self.models.steppers[name].load_state_dict(sd)
+            self.load_optimizer_state(name, sd)
         self.models.trained = set(state["trained"])
+
+    def full_policy(self) -> dict[str, torch.Tensor] | None:
+        """The whole policy in the process that writes (None in the other ranks, which take part):
+        what a rank worker hands the driver for a rollout's copy."""
+        state = self.models.saved_state("policy")
+        return state if self.models.writes else None
 
     def export(self, run_dir: str) -> dict[str, str]:
         """The policy to ``model/`` and any trained critic / reward model to ``critic/`` / ``reward_model/``."""

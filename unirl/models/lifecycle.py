@@ -63,6 +63,11 @@ class ModelSet:
         """Model ``name``'s whole state dict (unsharded)."""
         return self.models[name].state_dict()
 
+    def saved_state(self, name: str) -> dict[str, torch.Tensor]:
+        """Model ``name``'s whole state for a checkpoint or a rollout's copy, in the process that
+        :attr:`writes` (a sharded subclass may hand the other ranks nothing: they take part)."""
+        return self.full_state(name)
+
     def load_full_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
         """Load a whole (unsharded) state dict into model ``name``."""
         self.models[name].load_state_dict(state)

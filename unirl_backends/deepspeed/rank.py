@@ -159,15 +159,10 @@ class DeepSpeedRank(ReferenceTrainer):
 
     # ------------------------------------------------------------------ state
 
-    def full_policy(self) -> dict[str, torch.Tensor]:
-        """The whole policy on rank 0 (the others take part and return an empty dict)."""
-        state = self.models.full_state("policy")
-        return state if self.models.rank == 0 else {}
-
     def _trained_params(self, name: str) -> list[torch.nn.Parameter]:
         return [p for p in self.models.models[name].parameters() if p.requires_grad]
 
-    def _optimizer_state(self, name: str) -> dict[str, Any]:
+    def optimizer_state(self, name: str) -> dict[str, Any]:
         """Model ``name``'s optimizer as torch's AdamW holds it in one process (collective)."""
         engine = self.models.steppers[name]
         if engine.zero_optimization_stage() == 0:
@@ -188,7 +183,7 @@ class DeepSpeedRank(ReferenceTrainer):
                 state[i]["fp32"] = safe_get_full_fp32_param(param).clone()
         return {"state": state, "param_groups": groups}
 
-    def _load_optimizer(self, name: str, sd: dict[str, Any]) -> None:
+    def load_optimizer_state(self, name: str, sd: dict[str, Any]) -> None:
         engine = self.models.steppers[name]
         if engine.zero_optimization_stage() == 0:
             engine.optimizer.load_state_dict(sd)
@@ -214,19 +209,6 @@ class DeepSpeedRank(ReferenceTrainer):
             if "fp32" in sd["state"][i]:
                 safe_set_full_fp32_param(param, sd["state"][i]["fp32"])
 
-    def state_dict(self) -> dict[str, Any] | None:
-        """Whole states on rank 0 (the others take part and return None)."""
-        models = {k: self.models.full_state(k) for k in self.models.models}
-        optimizers = {k: self._optimizer_state(k) for k in self.models.steppers}
-        if self.models.rank != 0:
-            return None
-        return {"models": models, "optimizers": optimizers, "trained": sorted(self.models.trained)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.models.restore_models(state["models"])
-        for name, sd in state["optimizers"].items():
-            self._load_optimizer(name, sd)
-        self.models.trained = set(state["trained"])
 
 
 def _world() -> int:

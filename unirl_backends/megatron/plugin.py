@@ -7,9 +7,10 @@ from unirl.capabilities import Capabilities, all_values
 
 #: Every loss and advantage is the reference function on Megatron's GPTModel; the reward model
 #: (stages.type=rm) and the critic (advantage=gae) are mbridge's scalar-head value models.
-#: ``parallel``: any tp, pp and dp (Megatron's own layouts), zero_stage 0 (docs/backends/megatron.md).
+#: ``parallel``: any tp, pp and dp (Megatron's own layouts), zero_stage 0 or 1 (1: Megatron's
+#: distributed optimizer, the optimizer states sharded over the dp ranks; docs/backends/megatron.md).
 CAPABILITIES = Capabilities(mode="engine", knobs=all_values(), parallel={"dp": None, "tp": None, "pp": None,
-                                                                         "zero_stage": (0,)})
+                                                                         "zero_stage": (0, 1)})
 
 
 @hookimpl

@@ -263,71 +263,92 @@ class MegatronRank(ReferenceTrainer):
 
     # ------------------------------------------------------------------ state
 
-    def full_policy(self) -> dict[str, torch.Tensor] | None:
-        state = self.models.full_state("policy")
-        return state if self._global_rank() == 0 else None
+    def _inners(self, name: str) -> list[Any]:
+        """Megatron's optimizers of model ``name`` (a ``ChainedOptimizer`` holds several)."""
+        optimizer = self.models.steppers[name]
+        return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
-    @staticmethod
-    def _global_rank() -> int:
+    def _shards(self, name: str) -> list[tuple[torch.nn.Parameter, Any, Any, Any]]:
+        """Each parameter of model ``name`` (this rank's tp / pp shard of it) with the Megatron
+        optimizer that steps it, the tensor its AdamW state is keyed by, and the range of the
+        flattened parameter that this rank steps.
+
+        ``parallel.zero_stage=0``: the parameter itself, all of it. ``1``: Megatron's distributed
+        optimizer steps a contiguous range of each dp rank's buffer, which cuts parameters anywhere:
+        the fp32 shard (keyed in AdamW's state) and the range come from its
+        ``model_param_group_index_map`` and ``_get_model_param_range_map`` (megatron/core/optimizer/
+        distrib_optimizer.py, 0.16.1: lines 610-618, the map built in ``__init__``; private, the
+        functions its own ``_get_main_param_and_optimizer_states`` (line 883) uses), None for a
+        parameter this rank holds no range of."""
+        parts, model = self._inners(name), unwrap(self.models.models[name])
+        params = list(model.parameters())
+        if self.recipe.parallel.zero_stage == 0:
+            if len(parts) != 1:
+                raise RuntimeError(f"{name} has {len(parts)} Megatron optimizers; one was expected without "
+                                   f"the distributed optimizer")
+            return [(p, parts[0], p, slice(None)) for p in params]
+        out = []
+        for p in params:
+            part = next((o for o in parts if p in o.model_param_group_index_map), None)
+            if part is None:
+                out.append((p, parts[0], None, None))
+                continue
+            group, order = part.model_param_group_index_map[p]
+            span = part._get_model_param_range_map(p)["param"]
+            out.append((p, part, part.optimizer.param_groups[group]["params"][order], slice(span.start, span.end)))
+        return out
+
+    def optimizer_state(self, name: str) -> dict[str, Any]:
+        """AdamW's moments as whole HF-keyed tensors: each moment is written into the parameters and
+        exported through the bridge (the same exact reshuffle as the weights), then the weights are put
+        back. With the distributed optimizer each dp rank's ranges are first summed over the dp group
+        (zeros elsewhere): exact, every element comes from one rank."""
         import torch.distributed as dist
 
-        return dist.get_rank()
-
-    def _inner(self, name: str) -> torch.optim.Optimizer:
-        optimizer = self.models.steppers[name]
-        if self.recipe.parallel.zero_stage == 1 or not isinstance(getattr(optimizer, "optimizer", None),
-                                                                  torch.optim.Optimizer):
-            raise ConfigError("backend=megatron saves optimizer states whole and HF-keyed only for parallel."
-                              "zero_stage=0; converting Megatron's distributed-optimizer shards "
-                              "(parallel.zero_stage=1) to that form is not implemented", key="parallel.zero_stage",
-                              value=self.recipe.parallel.zero_stage)
-        return optimizer.optimizer
-
-    def _optimizer_state(self, name: str) -> dict[str, Any]:
-        """AdamW's moments as whole HF-keyed tensors: each moment is written into the parameters and
-        exported through the bridge (the same exact reshuffle as the weights), then the weights are put back."""
-        inner, model = self._inner(name), unwrap(self.models.models[name])
-        params = list(model.parameters())
-        if not inner.state:
+        model, shards = unwrap(self.models.models[name]), self._shards(name)
+        if not any(part.optimizer.state for part in self._inners(name)):
             return {"step": 0.0}
-        steps = {float(inner.state[p]["step"]) for p in params}
+        steps = {float(part.optimizer.state[key]["step"]) for _, part, key, _ in shards if key is not None}
         if len(steps) != 1:
             raise RuntimeError(f"{name}'s parameters were stepped unequally ({sorted(steps)})")
         out: dict[str, Any] = {"step": steps.pop()}
-        weights = [p.detach().clone() for p in params]
+        weights = [p.detach().clone() for p, _, _, _ in shards]
         try:
-            for key in MOMENTS:
+            for moment in MOMENTS:
                 with torch.no_grad():
-                    for p in params:
-                        p.copy_(inner.state[p][key])
-                out[key] = export_state(self.models.bridge_of(name), model)
+                    for p, part, key, span in shards:
+                        if self.recipe.parallel.zero_stage == 0:
+                            p.copy_(part.optimizer.state[key][moment])
+                            continue
+                        whole = torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+                        if key is not None:
+                            whole[span] = part.optimizer.state[key][moment].view(-1)
+                        dist.all_reduce(whole, group=part.data_parallel_group)
+                        p.copy_(whole.view_as(p))
+                out[moment] = export_state(self.models.bridge_of(name), model)
         finally:
             with torch.no_grad():
-                for p, w in zip(params, weights):
+                for (p, _, _, _), w in zip(shards, weights):
                     p.copy_(w)
         return out
 
-    def _load_optimizer_state(self, name: str, state: dict[str, Any]) -> None:
-        inner, model = self._inner(name), unwrap(self.models.models[name])
-        inner.state.clear()
+    def load_optimizer_state(self, name: str, state: dict[str, Any]) -> None:
+        """The whole moments into the parameters (through the bridge), and from there each rank's
+        range into AdamW's state (the weights are loaded after, by :meth:`load_state_dict`)."""
+        model = unwrap(self.models.models[name])
+        for part in self._inners(name):
+            part.optimizer.state.clear()
         if not state["step"]:
             return
-        params = list(model.parameters())
-        for key in MOMENTS:
-            self.models.bridge_of(name).load_state([model], state[key])
-            for p in params:
-                inner.state[p][key] = p.detach().clone()
-        for p in params:
-            inner.state[p]["step"] = torch.tensor(state["step"], dtype=torch.float32)
-
-    def state_dict(self) -> dict[str, Any] | None:
-        """Whole HF-keyed models and AdamW moments, on rank 0 (the others take part and return None):
-        a checkpoint from any tp / pp / dp layout loads on any other."""
-        optimizers = {k: self._optimizer_state(k) for k in self.models.steppers}
-        models = {k: self.models.full_state(k) for k in self.models.models}
-        if self._global_rank() != 0:
-            return None
-        return {"models": models, "optimizers": optimizers, "trained": sorted(self.models.trained)}
+        shards = self._shards(name)
+        for moment in MOMENTS:
+            self.models.bridge_of(name).load_state([model], state[moment])
+            for p, part, key, span in shards:
+                if key is not None:
+                    part.optimizer.state[key][moment] = p.detach().view(-1)[span].clone().view_as(key)
+        for _, part, key, _ in shards:
+            if key is not None:
+                part.optimizer.state[key]["step"] = torch.tensor(state["step"], dtype=torch.float32)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "reference" in state["models"]:
@@ -338,7 +359,7 @@ class MegatronRank(ReferenceTrainer):
                 self.models.ensure_scorer(name, per_token, self.recipe.algorithm.critic_lr if per_token
                                           else self.recipe.trainer.lr)
         for name, sd in state["optimizers"].items():
-            self._load_optimizer_state(name, sd)
+            self.load_optimizer_state(name, sd)
         for name, sd in state["models"].items():  # after the moments, which pass through the parameters
             self.models.load_full_state(name, sd)
         self.models.weights.updated()

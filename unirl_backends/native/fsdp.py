@@ -73,6 +73,9 @@ class ShardedModelSet(ModelSet):
 
         set_model_state_dict(self.models[name], state, options=_full())
 
+    def saved_state(self, name: str) -> dict[str, torch.Tensor]:
+        return self.full_state(name, everywhere=False)  # gathered to rank 0 only
+
     def unsharded(self, name: str) -> torch.nn.Module:
         return self.plain(name, self.full_state(name))
 
@@ -128,38 +131,24 @@ class NativeRank(ReferenceTrainer):
         optimizer.zero_grad(set_to_none=True)
         return norm
 
-    def full_policy(self) -> dict[str, torch.Tensor]:
-        """The whole policy (on rank 0; the others return an empty dict)."""
-        return self.models.full_state("policy", everywhere=False)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Whole states on rank 0 (the others take part and return None), optimizers keyed by
-        parameter index as in one process."""
+    def optimizer_state(self, name: str) -> dict[str, Any]:
+        """Gathered to rank 0, keyed by parameter index as in one process."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        models = {k: self.models.full_state(k, everywhere=False) for k in self.models.models}
-        optimizers = {}
-        for k, optimizer in self.models.steppers.items():
-            if not optimizer.state:  # never stepped (the same on every rank): nothing to gather, see below
-                optimizers[k] = optimizer.state_dict()
-            else:
-                state = get_optimizer_state_dict(self.models.models[k], optimizer, options=_full(everywhere=False))
-                optimizers[k] = _by_index(state, _param_names(self.models.models[k])) if self.models.rank == 0 else None
-        if self.models.rank != 0:
-            return None
-        return {"models": models, "optimizers": optimizers, "trained": sorted(self.models.trained)}
+        model, optimizer = self.models.models[name], self.models.steppers[name]
+        if not optimizer.state:  # never stepped (the same on every rank): nothing to gather, see the module doc
+            return optimizer.state_dict()
+        state = get_optimizer_state_dict(model, optimizer, options=_full(everywhere=False))
+        return _by_index(state, _param_names(model)) if self.models.writes else None
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_optimizer_state(self, name: str, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        self.models.restore_models(state["models"])
-        for name, sd in state["optimizers"].items():
-            model, optimizer = self.models.models[name], self.models.steppers[name]
-            if not sd["state"]:  # saved before its first step
-                optimizer.load_state_dict(sd)
-                continue
-            set_optimizer_state_dict(model, optimizer, _by_name(sd, _param_names(model)), options=_full())
-        self.models.trained = set(state["trained"])
+        model, optimizer = self.models.models[name], self.models.steppers[name]
+        if not state["state"]:  # saved before its first step
+            optimizer.load_state_dict(state)
+            return
+        set_optimizer_state_dict(model, optimizer, _by_name(state, _param_names(model)), options=_full())
 
 
 def make_native_rank(recipe: dict[str, Any], model_path: str) -> NativeRank:
