@@ -102,14 +102,14 @@ def test_a_non_finite_gradient_leaves_weights_and_optimizer_untouched_at_every_z
             rank.begin_stage("sft")
             rank.supervised_step("sft", batch, 1e-3)
             before = {k: v.clone() for k, v in rank.models.full_state("policy").items()}
-            opt_before = copy.deepcopy(rank._optimizer_state("policy"))  # stage 0: the live tensors
+            opt_before = copy.deepcopy(rank.optimizer_state("policy"))  # stage 0: the live tensors
             real = rank.backward
             rank.backward = lambda name, loss: real(name, loss * float("nan"))
             with pytest.raises(FloatingPointError):
                 rank.supervised_step("sft", batch, 1e-3)
             after = rank.models.full_state("policy")
             assert all(torch.equal(before[k], after[k]) for k in before), stage
-            opt_after = rank._optimizer_state("policy")
+            opt_after = rank.optimizer_state("policy")
             for i, st in opt_before["state"].items():
                 assert all(torch.equal(st[k], opt_after["state"][i][k]) for k in st), (stage, i)
         finally:
