@@ -129,6 +129,7 @@ class Driver:
         self.recipe, self.host, self.console = recipe, host, console
         self._checkpoint_s: float | None = None  # reported on the next row (time/checkpoint_s)
         self._profiler: Any = None
+        self._loggers: list[Any] = []  # the recipe's loggers (built when the run's rows start)
         self.capabilities = host.registry.get("backend", recipe.backend).capabilities or Capabilities()
         self.deviations = self.capabilities.deviations(recipe)
 
@@ -383,7 +384,7 @@ class Driver:
         status, exported, writer, t_start = "failed", {}, None, time.perf_counter()
         self.current_stage = None
         self._parts = self._trainer = None
-        self._loggers: list[Any] = []
+        self._loggers = []
         restore_signals = self._install_signal_handlers()
         restored = resume_from is None  # a resume that fails before restoring keeps the run's record
         try:
