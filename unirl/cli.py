@@ -19,11 +19,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from unirl.config import load_recipe
+    from unirl.distributed.launch import active
     from unirl.engine.driver import Driver
     from unirl.plugin_manager import get_plugin_host
     from unirl.progress import make_console
-
-    from unirl.distributed.launch import active
 
     host = get_plugin_host()
     recipe = load_recipe(args.recipe, args.overrides, host=host)

@@ -16,8 +16,6 @@ def build_component(recipe: Any, section: str, kind: str, ctx: Any = None, host:
     config class, checked against its protocol (:func:`unirl.contract.check_component`)."""
     from omegaconf import OmegaConf
 
-    from unirl.contract import check_component
-    from unirl.plugin_manager import get_plugin_host
     from unirl.protocols import BuildContext
 
     options = OmegaConf.to_container(recipe[section], resolve=True)
@@ -26,11 +24,22 @@ def build_component(recipe: Any, section: str, kind: str, ctx: Any = None, host:
         from unirl.rewards.policy import split_policy
 
         options = split_policy(options)[1]
-    reg = (host or get_plugin_host()).registry.get(kind, name, key=f"{section}.name")
-    config = reg.config_class(**options) if reg.config_class is not None else options
     if ctx is None:
         model_path = str(recipe.model.path) if recipe.model.path is not None else ""
         ctx = BuildContext(recipe=recipe, run_dir=str(recipe.run.dir), model_path=model_path)
+    return make_plugin(kind, name, options, ctx, key=f"{section}.name", host=host)
+
+
+def make_plugin(kind: str, name: str, options: dict[str, Any], ctx: Any, *, key: str, host: Any = None) -> Any:
+    """The registered ``kind`` named ``name`` (``key``: where the recipe names it, for the error
+    when it is not installed), built from ``options`` (as its config class when it registered one)
+    and ``ctx``, checked against its protocol. Used for recipe sections and for nested plugins
+    (a combined reward's terms, the loggers)."""
+    from unirl.contract import check_component
+    from unirl.plugin_manager import get_plugin_host
+
+    reg = (host or get_plugin_host()).registry.get(kind, name, key=key)
+    config = reg.config_class(**options) if reg.config_class is not None else options
     return check_component(reg.load()(config, ctx), kind, f"plugin {reg.plugin!r} ({kind} {name!r})")
 
 

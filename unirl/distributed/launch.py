@@ -29,6 +29,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from unirl.distributed.ranks import CountedRanks, answer
 from unirl.errors import ConfigError, RunError
 
 #: the variables a launcher sets for each process (torchrun's names)
@@ -143,7 +144,7 @@ class Launch:
                 elif kind == "call":
                     _, method, kwargs, sharded, count = message
                     shard = self.scatter(None) if sharded else None
-                    self.gather(("ok", _on_cpu(_answer(worker, method, shard, kwargs, count))))
+                    self.gather(("ok", _on_cpu(answer(worker, method, shard, kwargs, count))))
                 elif kind == "peak":
                     self.gather(peak_rss_bytes())
                 elif kind == "close":
@@ -165,19 +166,6 @@ def _leave() -> None:
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _answer(worker: Any, method: str, shard: Any, kwargs: dict[str, Any], count: bool) -> Any:
-    """``worker.method(shard?, **kwargs)``; with ``count``, also the collectives it ran."""
-    call = getattr(worker, method)
-    args = (shard,) if shard is not None else ()
-    if not count:
-        return call(*args, **kwargs)
-    from unirl.distributed.comms import CollectiveCounter
-
-    with CollectiveCounter() as counted:
-        result = call(*args, **kwargs)
-    return result, counted.stats
 
 
 class _OwnGenerators:
@@ -213,7 +201,7 @@ class _OwnGenerators:
         self._set(self.driver)
 
 
-class LaunchedRanks:
+class LaunchedRanks(CountedRanks):
     """The trainer's ranks in a launched run (the :mod:`unirl.distributed.ranks` interface): rank 0's
     worker in this (the driver's) process, the others in the launched processes."""
 
@@ -223,39 +211,27 @@ class LaunchedRanks:
             raise ConfigError(f"{name} needs {world} ranks but the launcher started {launch.world}",
                               key="parallel.dp", value=world)
         self.launch, self.world, self.name, self.collectives = launch, world, name, collectives
-        self._comm: list[dict[str, float]] = [{} for _ in range(world)]
+        self._start_counts()
         self._generators = _OwnGenerators()
         launch.broadcast(("start", factory, args))
         with self._generators:
             self.worker = factory(*args)
         launch.gather(("ok", None))  # every follower built its worker (one that failed has exited)
 
-    def call(self, method: str, shards: list[Any] | None = None, **kwargs: Any) -> list[Any]:
-        return self._call(method, shards, kwargs, count=False)
-
-    def counted_call(self, method: str, shards: list[Any] | None = None, **kwargs: Any) -> list[Any]:
-        return self._call(method, shards, kwargs, count=self.collectives)
-
-    def _call(self, method: str, shards: list[Any] | None, kwargs: dict[str, Any], count: bool) -> list[Any]:
+    def _call_all(self, method: str, shards: list[Any] | None, kwargs: dict[str, Any], count: bool) -> list[Any]:
         if self.worker is None:
             raise RunError(f"the {self.name} ranks were already stopped")
         self.launch.broadcast(("call", method, kwargs, shards is not None, count))
         shard = self.launch.scatter(shards) if shards is not None else None
         try:
             with self._generators:
-                mine = _answer(self.worker, method, shard, kwargs, count)
+                mine = answer(self.worker, method, shard, kwargs, count)
         except BaseException as exc:
             raise RunError(f"{self.name} {method} failed on rank 0 ({type(exc).__name__}: {exc}); where another rank "
                            f"failed first, its traceback is printed above, and the launcher reports its rank") from exc
         results = [value for _, value in self.launch.gather(("ok", None))]
         results[0] = mine
-        if not count:
-            return results
-        from unirl.distributed.comms import add
-
-        for rank, (_, stats) in enumerate(results):
-            add(self._comm[rank], stats)
-        return [value for value, _ in results]
+        return results
 
     def peak_memory_bytes(self) -> list[int]:
         from unirl.distributed.ranks import peak_rss_bytes
@@ -263,12 +239,6 @@ class LaunchedRanks:
         self.launch.broadcast(("peak",))
         peaks = self.launch.gather(peak_rss_bytes())
         return [] if any(p is None for p in peaks) else list(peaks)
-
-    def take_collectives(self) -> dict[str, float]:
-        from unirl.distributed.comms import merge_ranks
-
-        out, self._comm = merge_ranks(self._comm), [{} for _ in range(self.world)]
-        return out
 
     def close(self, force: bool = False) -> None:
         if self.worker is not None:

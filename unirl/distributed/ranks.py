@@ -97,6 +97,56 @@ class LocalRanks:
             self._env = None
 
 
+def answer(worker: Any, method: str, shard: Any, kwargs: dict[str, Any], count: bool) -> Any:
+    """A rank's answer to one call, ``worker.method(shard?, **kwargs)``; with ``count``, the pair
+    ``(result, the collectives it ran)`` (:class:`unirl.distributed.comms.CollectiveCounter`)."""
+    call = getattr(worker, method)
+    args = (shard,) if shard is not None else ()
+    if not count:
+        return call(*args, **kwargs)
+    from unirl.distributed.comms import CollectiveCounter
+
+    with CollectiveCounter() as counted:
+        result = call(*args, **kwargs)
+    return result, counted.stats
+
+
+class CountedRanks:
+    """What rank groups of several processes share: ``call`` / ``counted_call`` over every rank
+    (a subclass's :meth:`_call_all`), each rank's collectives added up until ``take_collectives``."""
+
+    world: int
+    name: str
+    collectives: bool
+
+    def _start_counts(self) -> None:
+        self._comm: list[dict[str, float]] = [{} for _ in range(self.world)]  # per rank, since the last take
+
+    def _call_all(self, method: str, shards: list[Any] | None, kwargs: dict[str, Any], count: bool) -> list[Any]:
+        """Every rank's :func:`answer`, in rank order."""
+        raise NotImplementedError
+
+    def call(self, method: str, shards: list[Any] | None = None, **kwargs: Any) -> list[Any]:
+        return self._call_all(method, shards, kwargs, False)
+
+    def counted_call(self, method: str, shards: list[Any] | None = None, **kwargs: Any) -> list[Any]:
+        if not self.collectives:
+            return self._call_all(method, shards, kwargs, False)
+        from unirl.distributed.comms import add
+
+        results = self._call_all(method, shards, kwargs, True)
+        for rank, (_, stats) in enumerate(results):
+            add(self._comm[rank], stats)
+        return [value for value, _ in results]
+
+    def take_collectives(self) -> dict[str, float]:
+        from unirl.distributed.comms import merge_ranks
+
+        out = merge_ranks(self._comm)
+        self._start_counts()
+        return out
+
+
 def _serve(rank: int, world: int, port: int, conn: Any, factory: Callable[..., Any], args: tuple,
            threads: int, collectives: bool = False) -> None:
     """A rank process: build the worker, then answer calls until told to stop."""
@@ -122,15 +172,7 @@ def _serve(rank: int, world: int, port: int, conn: Any, factory: Callable[..., A
             break
         method, shard, kwargs, count = msg
         try:
-            if collectives and count:
-                from unirl.distributed.comms import CollectiveCounter
-
-                with CollectiveCounter() as counted:
-                    result = getattr(worker, method)(*((shard,) if shard is not None else ()), **kwargs)
-                _send(conn, ("ok", (_on_cpu(result), counted.stats)))
-                continue
-            result = getattr(worker, method)(*((shard,) if shard is not None else ()), **kwargs)
-            _send(conn, ("ok", _on_cpu(result)))
+            _send(conn, ("ok", _on_cpu(answer(worker, method, shard, kwargs, collectives and count))))
         except BaseException:  # noqa: BLE001
             _send(conn, ("error", traceback.format_exc()))
     import torch.distributed as dist
@@ -139,7 +181,7 @@ def _serve(rank: int, world: int, port: int, conn: Any, factory: Callable[..., A
         dist.destroy_process_group()
 
 
-class SpawnedRanks:
+class SpawnedRanks(CountedRanks):
     """``world`` rank processes, one group; the driver is not a member. ``factory`` and ``args``
     must be picklable (a module-level function and plain data)."""
 
@@ -148,7 +190,7 @@ class SpawnedRanks:
         import multiprocessing as mp
 
         self.world, self.name, self.collectives = world, name, collectives
-        self._comm: list[dict[str, float]] = [{} for _ in range(world)]  # per rank, since the last take
+        self._start_counts()
         ctx = mp.get_context("spawn")
         port, threads = free_port(), max(1, (os.cpu_count() or 1) // world)
         self.conns, self.procs = [], []
@@ -183,36 +225,17 @@ class SpawnedRanks:
                     raise RunError(f"{self.name} data-parallel {what} failed on {error}")
         return [results[r] for r in range(self.world)]
 
-    def call(self, method: str, shards: list[Any] | None = None, **kwargs: Any) -> list[Any]:
-        return self._call(method, shards, kwargs, count=False)
-
-    def counted_call(self, method: str, shards: list[Any] | None = None, **kwargs: Any) -> list[Any]:
-        return self._call(method, shards, kwargs, count=self.collectives)
-
-    def _call(self, method: str, shards: list[Any] | None, kwargs: dict[str, Any], count: bool) -> list[Any]:
+    def _call_all(self, method: str, shards: list[Any] | None, kwargs: dict[str, Any], count: bool) -> list[Any]:
         if not self.procs:
             raise RunError(f"the {self.name} ranks were already stopped")
         for rank, conn in enumerate(self.conns):
             _send(conn, (method, shards[rank] if shards is not None else None, kwargs, count))
-        results = self._gather(method)
-        if not count:
-            return results
-        from unirl.distributed.comms import add
-
-        for rank, (_, stats) in enumerate(results):
-            add(self._comm[rank], stats)
-        return [value for value, _ in results]
+        return self._gather(method)
 
     def peak_memory_bytes(self) -> list[int]:
         """Each rank process's peak resident memory (``VmHWM``; empty where /proc is absent)."""
         peaks = [peak_rss_bytes(proc.pid) for proc in self.procs]
         return [] if any(p is None for p in peaks) else peaks
-
-    def take_collectives(self) -> dict[str, float]:
-        from unirl.distributed.comms import merge_ranks
-
-        out, self._comm = merge_ranks(self._comm), [{} for _ in range(self.world)]
-        return out
 
     def close(self, force: bool = False) -> None:
         for conn in self.conns:

@@ -16,17 +16,12 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
 
 def build_loggers(recipe: Any, run_dir: str, start_step: int) -> list[Any]:
     """The recipe's loggers, built and checked against :class:`unirl.protocols.MetricsLogger`."""
-    from unirl.contract import check_component
-    from unirl.plugin_manager import get_plugin_host
+    from unirl.components import make_plugin
     from unirl.protocols import BuildContext
 
-    registry = get_plugin_host().registry
     ctx = BuildContext(recipe=recipe, run_dir=run_dir, model_path="", start_step=start_step)
     out = []
     for i, entry in enumerate(recipe.loggers):
         options = dict(entry)
-        name = options.pop("name")
-        reg = registry.get("logger", name, key=f"loggers.{i}.name")
-        config = reg.config_class(**options) if reg.config_class is not None else options
-        out.append(check_component(reg.load()(config, ctx), "logger", f"plugin {reg.plugin!r} (logger {name!r})"))
+        out.append(make_plugin("logger", options.pop("name"), options, ctx, key=f"loggers.{i}.name"))
     return out

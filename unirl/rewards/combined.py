@@ -59,18 +59,16 @@ class CombinedReward:
     """``sum(weight_i * reward_i)`` per completion."""
 
     def __init__(self, config: CombinedRewardConfig, ctx: Any = None) -> None:
-        from unirl.plugin_manager import get_plugin_host
+        from unirl.components import make_plugin
         from unirl.rewards.checked import as_batch_fn
 
-        registry = get_plugin_host().registry
         data_source = str(ctx.recipe.task.name) if ctx is not None and getattr(ctx, "recipe", None) else "unirl"
         self.terms: list[tuple[str, float, Any]] = []
         ranges = []
         for i, term in enumerate(config.terms):
             options = dict(term)
             name, weight = options.pop("name"), float(options.pop("weight", 1.0))
-            reg = registry.get("reward", name, key=f"reward.terms.{i}.name")
-            fn = reg.load()(reg.config_class(**options) if reg.config_class is not None else options, ctx)
+            fn = make_plugin("reward", name, options, ctx, key=f"reward.terms.{i}.name")
             self.terms.append((name, weight, as_batch_fn(fn, data_source)))
             ranges.append(getattr(fn, "reward_range", None))
         if all(r is not None for r in ranges):
