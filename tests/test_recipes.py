@@ -52,6 +52,46 @@ def test_tiny_recipe_learns(recipe, metric, change, backend, tmp_path):
         assert max(r["clip/frac"] for r in ppo) > 0  # 2 epochs x 2 mini-batches per batch: the clip acts
 
 
+#: real-size recipes (CUDA: scripts/gpu/recipes.sh), validated here on their stand-ins: the tiny model
+#: with a chat template and the tiny sample of the same data format (configs/data/gsm8k_tiny)
+SAMPLE = ROOT / "configs" / "data" / "gsm8k_tiny"
+REAL_SIZE = {
+    "gsm8k_qwen2.5_0.5b_grpo": [f"task.path={SAMPLE / 'verl' / 'train.parquet'}",
+                                f"task.eval_path={SAMPLE / 'verl' / 'test.parquet'}"],
+    "chat_sft_dpo_qwen2.5_0.5b": [f"task.path={SAMPLE / 'prefs' / 'train.jsonl'}"],
+}
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.mark.parametrize("recipe", sorted(REAL_SIZE))
+def test_real_size_recipe_loads_reads_its_data_format_and_scores(recipe, tmp_path):
+    from unirl.components import build_component
+    from unirl.config.loader import load_recipe
+    from unirl.models.tiny import build_tokenizer
+    from unirl.protocols import BuildContext
+    from unirl.rewards import build_reward
+
+    cfg = load_recipe(ROOT / "configs" / f"{recipe}.yaml", ["model.path=null", f'task.chat_template="{TEMPLATE}"',
+                                                          f"run.dir={tmp_path}", *REAL_SIZE[recipe]])
+    ctx = BuildContext(recipe=cfg, run_dir=str(tmp_path), model_path="", tokenizer=build_tokenizer())
+    task = build_component(cfg, "task", "task", ctx)
+    examples = task.sample(8)
+    assert all(e.prompt.startswith("<user>") and e.prompt.endswith("<assistant>") for e in examples)
+    if any(st.type == "dpo" for st in cfg.stages):
+        assert all(e.completion.startswith("#### ") and e.rejected.startswith("#### ") for e in examples)
+        assert all(e.completion != e.rejected for e in examples)
+        return
+    assert cfg.eval.every and len(task.validation(cfg.eval.size)) == 16
+    reward = build_reward(cfg, ctx)
+    right = [f"So the answer is\n#### {e.answer}" for e in examples]
+    wrong = [f"#### {int(e.answer) + 1}" for e in examples]
+    fields = {"answer": [e.answer for e in examples]}
+    assert reward([e.prompt for e in examples], right, **fields) == [1.1] * 8
+    assert reward([e.prompt for e in examples], wrong, **fields) == [0.1] * 8
+
+
 def test_every_shipped_recipe_is_covered():
     shipped = {p.stem for p in (ROOT / "configs").glob("*.yaml")}
-    assert shipped == {c[0] for c in CASES} | {"grpo_tiny"}
+    # grpo_tiny: tests/test_demo.py; gsm8k_tiny_grpo: tests/test_dataset_task.py
+    assert shipped == {c[0] for c in CASES} | {"grpo_tiny", "gsm8k_tiny_grpo"} | set(REAL_SIZE)

@@ -162,34 +162,45 @@ def test_bookkeeping_that_fails_never_masks_the_real_error(short_overrides, tmp_
     assert "the real failure" in err and "run.json" in err
 
 
-def _hold(run_dir: str, barrier, results, done) -> None:
+def _race(root: str, rounds: int, start, results, answered) -> None:
+    """One of two racing processes: each round, both try the same new run directory's lock at
+    once; the holder keeps it until both have answered."""
     from unirl.run_lock import RunDirInUse, RunLock
 
-    lock = RunLock(run_dir)
-    barrier.wait()
-    try:
-        lock.acquire()
-    except RunDirInUse as exc:
-        results.put(("refused", str(exc)))
-        return
-    results.put(("held", os.getpid()))
-    done.wait(60)  # hold until both answered
-    lock.release()
+    for i in range(rounds):
+        lock = RunLock(os.path.join(root, f"r{i}"))
+        start.wait(60)
+        try:
+            lock.acquire()
+        except RunDirInUse as exc:
+            results.put((i, "refused", str(exc)))
+            answered.wait(60)
+            continue
+        results.put((i, "held", os.getpid()))
+        answered.wait(60)  # hold until both answered
+        lock.release()
 
 
 def test_the_run_lock_admits_exactly_one_of_two_racing_processes_20_times(tmp_path):
+    """Two processes (started once: a spawned interpreter costs a second) race for a fresh run
+    directory's lock 20 times; each time exactly one holds it and the other is refused, naming it."""
     ctx = mp.get_context("spawn")
-    for i in range(20):
-        barrier, results, done = ctx.Barrier(2), ctx.Queue(), ctx.Event()
-        procs = [ctx.Process(target=_hold, args=(str(tmp_path / f"r{i}"), barrier, results, done)) for _ in range(2)]
-        for p in procs:
-            p.start()
-        got = sorted(results.get(timeout=60) for _ in range(2))
-        done.set()
+    rounds = 20
+    start, answered, results = ctx.Barrier(2), ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(str(tmp_path), rounds, start, results, answered)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        for i in range(rounds):
+            got = sorted((results.get(timeout=120) for _ in range(2)), key=lambda g: g[1])
+            answered.wait(60)
+            assert [g[0] for g in got] == [i, i] and [g[1] for g in got] == ["held", "refused"], got
+            assert f"process {got[0][2]}" in got[1][2] and "one run per directory" in got[1][2]
+    finally:
         for p in procs:
             p.join(timeout=60)
-        assert [g[0] for g in got] == ["held", "refused"], got
-        assert f"process {got[0][1]}" in got[1][1] and "one run per directory" in got[1][1]
+            if p.is_alive():
+                p.kill()
 
 
 def test_a_second_run_on_a_live_run_dir_exits_2_naming_the_holder(short_overrides, tmp_path, capsys):

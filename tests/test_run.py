@@ -90,6 +90,22 @@ def test_stop_and_resume_matches_uninterrupted(short_overrides, tmp_path, stop_a
     assert [M.deterministic_view(r) for r in read_rows(full)] == [M.deterministic_view(r) for r in read_rows(part)]
 
 
+def test_a_run_written_before_a_recipe_key_existed_resumes(short_overrides, tmp_path):
+    """A run whose config.yaml predates a key (here `eval`, as unirl before it wrote them) resumes
+    when the key keeps its default; evaluation may be switched on at the resume (it never changes
+    training)."""
+    import yaml
+
+    assert _run([*short_overrides, "run.stop_after=4"]) == 0
+    config = tmp_path / "run" / "config.yaml"
+    saved = yaml.safe_load(config.read_text())
+    del saved["eval"]
+    config.write_text(yaml.safe_dump(saved))
+    assert _run([*short_overrides, "resume=auto", "eval.every=5", "eval.size=4"]) == 0
+    rows = read_rows(tmp_path / "run")
+    assert len(rows) == 10 and [r["global_step"] for r in rows if "eval/pass_at_1" in r] == [5, 10]
+
+
 def test_resume_after_checkpoint_drops_rows_past_it(short_overrides, tmp_path):
     """Rows written after the newest checkpoint (a crash) are dropped and re-run, not duplicated."""
     run_dir = tmp_path / "run"

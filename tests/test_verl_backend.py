@@ -247,8 +247,8 @@ def test_trainer_mode_launcher_writes_verls_inputs_and_a_reward_that_calls_unirl
     overrides = json.loads((out / "overrides.json").read_text())
     assert "trainer.total_training_steps=3" in overrides and "actor_rollout_ref.rollout.n=8" in overrides
     assert f"reward.custom_reward_function.path={out / 'reward.py'}" in overrides
-    # the tiny tokenizer has no chat template: verl gets the identity one in memory, and nothing
-    # is written into the model's folder
+    # prompts arrive rendered by unirl's task: verl gets the identity template in memory (it must not
+    # apply one again), and nothing is written into the model's folder
     from transformers import AutoTokenizer
 
     assert any(o.startswith("actor_rollout_ref.model.custom_chat_template=") and IDENTITY_CHAT_TEMPLATE.split("{{")[0]

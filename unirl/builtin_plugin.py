@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from unirl import hookimpl
 from unirl.buffers.options import MemoryBufferConfig, PrioritizedBufferConfig
+from unirl.loggers.mlflow_logger import MlflowLoggerConfig
 from unirl.loggers.tensorboard_logger import TensorBoardLoggerConfig
 from unirl.loggers.wandb_logger import WandbLoggerConfig
 from unirl.rewards import FunctionRewardConfig
@@ -14,6 +15,7 @@ from unirl.rewards.format import FormatRewardConfig
 from unirl.rewards.math_answer import MathVerifyRewardConfig
 from unirl.rollouts.options import HFGenerateConfig
 from unirl.tasks.arithmetic import ArithmeticTaskConfig
+from unirl.tasks.dataset import DatasetTaskConfig
 from unirl.tasks.text_file import TextFileTaskConfig
 
 
@@ -23,6 +25,9 @@ def unirl_register_tasks(register):
              description="small-number arithmetic prompts (a+b=) with integer answers")
     register("text_file", "unirl.tasks.text_file:TextFileTask", config_class=TextFileTaskConfig,
              description="raw text documents, one per line of a local file (continued pretraining)")
+    register("dataset", "unirl.tasks.dataset:DatasetTask", config_class=DatasetTaskConfig,
+             description="rows of a jsonl/json/parquet/csv file, folder, saved HF dataset or hub id, in verl's, "
+                         "OpenRLHF's or TRL's layout (chat templates applied)")
 
 
 @hookimpl
@@ -61,3 +66,5 @@ def unirl_register_loggers(register):
              description="TensorBoard scalars in <run.dir>/tensorboard (every metrics.jsonl number)")
     register("wandb", "unirl.loggers.wandb_logger:WandbLogger", config_class=WandbLoggerConfig,
              description="Weights & Biases; offline by default (no network), the run id kept for resume")
+    register("mlflow", "unirl.loggers.mlflow_logger:MlflowLogger", config_class=MlflowLoggerConfig,
+             description="MLflow; a local SQLite store in <run.dir>/mlflow.db by default, or any tracking_uri")

@@ -28,6 +28,11 @@ class ConfigError(UsageError):
         self.value = value
 
 
+class DataError(ConfigError):
+    """A dataset the recipe names cannot be used: unreadable file, unknown format, missing
+    column, empty split, a chat prompt with no template (exit code 2)."""
+
+
 class UnknownComponentError(ConfigError):
     """A backend, rollout, reward, buffer or task name that no installed plugin registers."""
 

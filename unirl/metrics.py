@@ -41,6 +41,7 @@ TIME_TRAIN = "time/train_s"  # EngineTrainer.update (every epoch and mini-batch)
 TIME_SYNC = "time/weight_sync_s"  # EngineTrainer.sync_weights
 TIME_BUFFER = "time/buffer_s"  # ReplayBuffer.add and take
 TIME_CHECKPOINT = "time/checkpoint_s"  # the checkpoint written after the previous step (on the next row)
+TIME_EVAL = "time/eval_s"  # eval.every: generating and scoring the validation examples
 WEIGHT_SYNC_BYTES = "weights/sync_bytes"  # bytes of policy tensors sent to the rollout (0 when shared)
 TIME_STEP = "time/step_s"
 TOKENS_GENERATED = "tokens/generated"

@@ -57,7 +57,11 @@ class Example:
 
 @runtime_checkable
 class Task(Protocol):
-    """A dataset of prompts with references (``task.name``)."""
+    """A dataset of prompts with references (``task.name``).
+
+    Optional: ``validation(limit: int | None) -> list[Example]``, the held-out examples that
+    ``eval.every`` scores (the first ``limit``, always the same ones); a task without it cannot be
+    evaluated during training (refused at recipe load)."""
 
     def sample(self, n: int) -> list[Example]:
         """``n`` examples, drawn from the task's own seeded generator."""
@@ -93,6 +97,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k filter
+    greedy: bool = False  # argmax decoding (evaluation); temperature, top_p and top_k are not used
 
 
 @runtime_checkable

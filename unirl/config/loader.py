@@ -56,6 +56,7 @@ def load_recipe(path: str | os.PathLike[str] | None, overrides: Sequence[str] = 
                           "algorithm.loss_norm_length (the rollout gives no max_new_tokens to default to).",
                           key="algorithm.loss_norm_length", value=None)
     _check_capabilities(cfg, backend_reg, registry)
+    _check_eval(cfg, backend_reg, registry)
     _check_model_path(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
@@ -378,6 +379,14 @@ def _takes_recipe(check: Any) -> bool:
     import inspect
 
     return len(inspect.signature(check).parameters) >= 2
+
+
+def _check_eval(cfg: Any, backend_reg: Any, registry: Any) -> None:
+    from unirl.engine.evaluation import check_eval
+
+    caps = backend_reg.capabilities
+    trainer_mode = caps is not None and (caps.mode == "trainer" or cfg.backend_options.get("mode") == "trainer")
+    check_eval(cfg, registry.get("task", cfg.task.name).load() if cfg.eval.every else object, trainer_mode)
 
 
 def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:

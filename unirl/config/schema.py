@@ -145,6 +145,19 @@ class ProfileSection:
 
 
 @dataclass
+class EvalSection:
+    """Evaluation during training (engine mode): the task's validation examples scored by the
+    recipe's reward with the policy as trained so far, written as ``eval/*`` metrics."""
+
+    every: int = 0  # evaluate after every N global steps (and after the last); 0: never
+    size: Optional[int] = None  # the first N validation examples; null: all
+    samples: int = 1  # completions per prompt: 1 is greedy decoding, k > 1 samples k (pass@k)
+    temperature: float = 1.0  # sampling temperature when samples > 1
+    max_new_tokens: Optional[int] = None  # null: the rollout's
+    threshold: float = 1.0  # a completion scoring at least this is correct (eval/pass_at_k)
+
+
+@dataclass
 class RecipeConfig:
     seed: int = 0
     backend: str = "native"
@@ -157,6 +170,7 @@ class RecipeConfig:
     parallel: ParallelSection = field(default_factory=ParallelSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     profile: ProfileSection = field(default_factory=ProfileSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     # Component sections: {name: ..., <options of the registered config class>}.
     task: dict[str, Any] = field(default_factory=lambda: {"name": "arithmetic"})
     reward: dict[str, Any] = field(default_factory=lambda: {"name": "arithmetic"})

@@ -18,6 +18,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from unirl import metrics as M
+from unirl.config.schema import RecipeConfig
+from unirl.engine.evaluation import due, evaluate
 from unirl.errors import ConfigError, PluginLoadError, RunError, UsageError
 
 #: Keys that may differ between a run and its resumption (they steer the process, not the math).
@@ -27,8 +29,9 @@ from unirl.errors import ConfigError, PluginLoadError, RunError, UsageError
 RESUME_FREE_KEYS = {"resume", "run.stop_after", "run.overwrite", "run.log_every", "run.threads",
                     "run.max_nonfinite_in_a_row", "reward.isolation", "reward.timeout_s", "reward.memory_mb",
                     "parallel.dp", "parallel.tp", "parallel.pp", "parallel.zero_stage", "parallel.offload", "loggers"}
-#: sections whose keys may all change on resume (where the metrics also go)
-RESUME_FREE_SECTIONS = ("loggers.",)
+#: sections whose keys may all change on resume: where the metrics also go, and evaluation (its
+#: generation runs under a forked random state: it never changes what is trained)
+RESUME_FREE_SECTIONS = ("loggers.", "eval.")
 _OWNED = ("config.yaml", "metrics.jsonl", "checkpoints", "model", "critic", "reward_model", "base_model", "run.json")
 
 
@@ -52,8 +55,12 @@ def prepare_run_dir(recipe: Any) -> tuple[Path, Path | None, list[str]]:
             saved = OmegaConf.load(run_dir / "config.yaml") if (run_dir / "config.yaml").exists() else None
             if saved is not None:
                 old, new = _leaves(saved), _leaves(recipe)
+                # a key one side lacks counts as its default: a run written by an older unirl (before
+                # the key existed) resumes under a newer one when the key keeps its default
+                defaults = _leaves(OmegaConf.structured(RecipeConfig))
                 changed = sorted(k for k in set(old) | set(new) if k not in RESUME_FREE_KEYS
-                                 and not k.startswith(RESUME_FREE_SECTIONS) and old.get(k) != new.get(k))
+                                 and not k.startswith(RESUME_FREE_SECTIONS)
+                                 and old.get(k, defaults.get(k)) != new.get(k, defaults.get(k)))
                 if changed:
                     k = changed[0]
                     raise ConfigError(
@@ -130,6 +137,7 @@ class Driver:
         self._checkpoint_s: float | None = None  # reported on the next row (time/checkpoint_s)
         self._profiler: Any = None
         self._loggers: list[Any] = []  # the recipe's loggers (built when the run's rows start)
+        self._validation: list[Any] | None = None  # the task's validation examples (eval.every), read once
         self.capabilities = host.registry.get("backend", recipe.backend).capabilities or Capabilities()
         self.deviations = self.capabilities.deviations(recipe)
 
@@ -295,6 +303,13 @@ class Driver:
             row[M.REWARD_FAILED] = float(failed)
         state["stage_step"] += 1
         state["global_step"] += 1
+        last = state["stage_step"] == stage.steps and state["stage_index"] == len(recipe.stages) - 1
+        if not self.trainer_mode and due(recipe, state["global_step"], last):
+            t0 = time.perf_counter()
+            if self._validation is None:
+                self._validation = self._parts.task.validation(recipe.eval.size)
+            row.update(evaluate(self._parts, recipe, self._validation, state["global_step"]))
+            row[M.TIME_EVAL] = time.perf_counter() - t0
         if self._checkpoint_s is not None:  # the checkpoint written after the previous step
             row[M.TIME_CHECKPOINT], self._checkpoint_s = self._checkpoint_s, None
         row[M.MEMORY_PEAK] = M.peak_memory_bytes()

@@ -1,5 +1,5 @@
 """Metric loggers (``loggers`` in a recipe): each receives every row the run writes to
-``metrics.jsonl``. Built-in: ``tensorboard`` and ``wandb``; a plugin adds others with
+``metrics.jsonl``. Built-in: ``tensorboard``, ``wandb`` and ``mlflow``; a plugin adds others with
 ``unirl_register_loggers``."""
 
 from __future__ import annotations

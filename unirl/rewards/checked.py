@@ -56,10 +56,15 @@ def as_batch_fn(fn: Callable[..., Any], data_source: str = "unirl") -> Callable[
 
     def batch_fn(prompts: Sequence[str], completions: Sequence[str], **kwargs: Any) -> list[Any]:
         refs = kwargs.get("answer", [None] * len(completions))
+        sources, infos = kwargs.get("data_source"), kwargs.get("extra_info")  # a verl-layout dataset's own columns
         out = []
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-            extra = {k: v[i] for k, v in kwargs.items()} | {"prompt": prompt}
-            score = fn(data_source=data_source, solution_str=completion, ground_truth=refs[i], extra_info=extra)
+            if infos is not None and isinstance(infos[i], dict):
+                extra = dict(infos[i])  # verl's extra_info, as the row holds it
+            else:
+                extra = {k: v[i] for k, v in kwargs.items()} | {"prompt": prompt}
+            score = fn(data_source=data_source if sources is None else sources[i], solution_str=completion,
+                       ground_truth=refs[i], extra_info=extra)
             out.append(score["score"] if isinstance(score, dict) else score)
         return out
 

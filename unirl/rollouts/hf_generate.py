@@ -47,10 +47,12 @@ class HFGenerateRollout:
         was_training = self.model.training
         self.model.eval()
         try:
+            sampling = ({"do_sample": False} if getattr(params, "greedy", False) else
+                        {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p,
+                         "top_k": params.top_k})
             out = self.model.generate(
-                input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=True, use_cache=True,
-                max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-                top_k=params.top_k, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                input_ids=prompt_ids, attention_mask=prompt_mask, use_cache=True, **sampling,
+                max_new_tokens=params.max_new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
             )
         finally:
             self.model.train(was_training)

@@ -38,19 +38,28 @@ class ArithmeticTask:
 
     def __init__(self, config: ArithmeticTaskConfig, ctx: Any) -> None:
         self.config = config
+        self._seed = ctx.recipe.seed
         self._rng = random.Random(ctx.recipe.seed)
 
     def sample(self, n: int) -> list[Example]:
+        return self._draw(self._rng, n)
+
+    def _draw(self, rng: random.Random, n: int) -> list[Example]:
         c = self.config
         out = []
         for _ in range(n):
-            a = self._rng.randint(c.min_operand, c.max_operand)
-            b = self._rng.randint(c.min_operand, c.max_operand)
-            op = self._rng.choice(c.ops)
+            a = rng.randint(c.min_operand, c.max_operand)
+            b = rng.randint(c.min_operand, c.max_operand)
+            op = rng.choice(c.ops)
             value = _OPS[op](a, b)
-            wrong = value + self._rng.choice((-9, -8, -7, -6, -5, -4, -3, -2, -1, 1, 2, 3, 4, 5, 6, 7, 8, 9))
+            wrong = value + rng.choice((-9, -8, -7, -6, -5, -4, -3, -2, -1, 1, 2, 3, 4, 5, 6, 7, 8, 9))
             out.append(Example(prompt=f"{a}{op}{b}=", answer=str(value), completion=str(value), rejected=str(wrong)))
         return out
+
+    def validation(self, limit: int | None = None) -> list[Example]:
+        """``limit`` (default 100) problems from a generator of their own, the same on every call
+        (``eval.every``); drawn from the same ranges as training, so not held out."""
+        return self._draw(random.Random(f"validation-{self._seed}"), 100 if limit is None else limit)
 
     def state_dict(self) -> dict[str, Any]:
         return rng_state(self._rng)

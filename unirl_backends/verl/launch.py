@@ -47,7 +47,7 @@ def write_task_rows(recipe: Any, stage: Any, path: Path, task: Any = None) -> in
     from unirl.components import build_component
 
     task = task if task is not None else build_component(recipe, "task", "task")
-    rows = [{"data_source": recipe.task.name, "prompt": [{"role": "user", "content": ex.prompt}],
+    rows = [{"data_source": ex.meta.get("data_source", recipe.task.name), "prompt": [{"role": "user", "content": ex.prompt}],
              "ability": "unirl", "reward_model": {"style": "rule", "ground_truth": ex.answer},
              "extra_info": {"index": i, "prompt": ex.prompt, **ex.meta}}
             for i, ex in enumerate(task.sample(stage.steps * stage.batch_size))]
@@ -61,15 +61,10 @@ def _hydra_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def chat_template_overrides(model_path: str) -> list[str]:
-    """``[custom_chat_template=identity]`` when the model's tokenizer has no chat template, else ``[]``."""
-    from unirl.models.loading import load_tokenizer
-
-    if getattr(load_tokenizer(model_path), "chat_template", None):
-        return []
-    print(f"[verl] {model_path}: the tokenizer has no chat template; verl's agent loop gets the identity one "
-          f"(the prompt text as it is, as in engine mode) through actor_rollout_ref.model.custom_chat_template",
-          flush=True)
+def chat_template_overrides() -> list[str]:
+    """The identity chat template for verl's agent loop (verl/utils/tokenizer chat_template.py):
+    unirl's task has already rendered each prompt (unirl/tasks/chat.py), so verl must not apply a
+    template again; the prompt text is tokenized as it is, as in engine mode."""
     return [f"actor_rollout_ref.model.custom_chat_template={_hydra_string(IDENTITY_CHAT_TEMPLATE)}"]
 
 
@@ -100,7 +95,7 @@ def prepare_stage(recipe: Any, stage: Any, *, model_path: str, out: Path, option
     n = write_task_rows(recipe, stage, data, task)
     write_reward_files(recipe, model_path, out)
     overrides = ppo_overrides(recipe, stage, model_path=model_path, run_dir=str(recipe.run.dir),
-                              options=options or {}) + chat_template_overrides(model_path)
+                              options=options or {}) + chat_template_overrides()
     compose_ppo(overrides)
     (out / "overrides.json").write_text(json.dumps(overrides, indent=1))
     print(f"[verl] {stage.name}: {n} prompts -> {data}; reward -> {out / 'reward.py'}", flush=True)
