@@ -391,7 +391,7 @@ def test_sigkill_then_resume_ends_identical_to_an_uninterrupted_run(backend, whe
     assert main(["run", *args, f"run.dir={full}"]) == 0
     if where == "inside a checkpoint write":
         _kill_when([*args, f"run.dir={part}"], lambda: (part / "checkpoints" / "step-00000004.tmp").is_dir(),
-                   env={"UNIRL_TEST_CHECKPOINT_PAUSE_S": "30"})
+                   env={"UNIRL_TEST_CHECKPOINT_PAUSE_S": "30", "UNIRL_TEST_CHECKPOINT_PAUSE_AT": "step-00000004"})
         assert (part / "checkpoints" / "step-00000004.tmp").is_dir()  # killed inside the write
     else:
         _kill_when([*args, f"run.dir={part}"], lambda: _rows(part) >= 5)  # past the checkpoint at 4

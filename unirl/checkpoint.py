@@ -86,11 +86,13 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _test_pause() -> None:
-    """Tests only: ``UNIRL_TEST_CHECKPOINT_PAUSE_S`` holds every checkpoint write half-done for that
-    long (weights written, state and manifest not), so a test can SIGKILL the run inside it."""
+def _test_pause(name: str) -> None:
+    """Tests only: ``UNIRL_TEST_CHECKPOINT_PAUSE_S`` holds a checkpoint write half-done for that long
+    (weights written, state and manifest not), so a test can SIGKILL the run inside it: every write,
+    or only checkpoint ``UNIRL_TEST_CHECKPOINT_PAUSE_AT`` (e.g. ``step-00000004``)."""
     seconds = os.environ.get("UNIRL_TEST_CHECKPOINT_PAUSE_S")
-    if seconds:
+    at = os.environ.get("UNIRL_TEST_CHECKPOINT_PAUSE_AT")
+    if seconds and (not at or name.startswith(at)):
         import time
 
         time.sleep(float(seconds))
@@ -123,7 +125,7 @@ def save_checkpoint(run_dir: str | Path, *, global_step: int, trainer_state: dic
                              (tmp / "buffer.pt", buffer_state)):
             torch.save(obj, current)
             written.append(current)
-        _test_pause()
+        _test_pause(tmp.name)
         current = tmp / "state.json"
         current.write_text(json.dumps(state, indent=1))
         written.append(current)
