@@ -24,6 +24,10 @@ def build_component(recipe: Any, section: str, kind: str, ctx: Any = None, host:
         from unirl.rewards.policy import split_policy
 
         options = split_policy(options)[1]
+    if section == "rollout":  # workers: the driver's (unirl.distributed.ray_rollout)
+        from unirl.rollouts.options import split_rollout_policy
+
+        options = split_rollout_policy(options)[1]
     if ctx is None:
         model_path = str(recipe.model.path) if recipe.model.path is not None else ""
         ctx = BuildContext(recipe=recipe, run_dir=str(recipe.run.dir), model_path=model_path)

@@ -324,6 +324,11 @@ def _validate_component(cfg: Any, section: str, kind: str, registry: Any) -> dic
         from unirl.rewards.policy import POLICY_KEYS, RewardPolicy
 
         policy = _validate_options({k: data.pop(k) for k in POLICY_KEYS if k in data}, RewardPolicy, section)
+    if section == "rollout":  # how many engines (Ray actors) run it: the driver's, whatever the plugin
+        from unirl.rollouts.options import ROLLOUT_POLICY_KEYS, RolloutPolicy
+
+        policy = _validate_options({k: data.pop(k) for k in ROLLOUT_POLICY_KEYS if k in data}, RolloutPolicy, section,
+                                   recipe=cfg)
     options = _validate_options(data, reg.config_class, section, recipe=cfg)
     return {"name": name, **options, **policy}
 

@@ -145,6 +145,20 @@ class ProfileSection:
 
 
 @dataclass
+class RaySection:
+    """Ray as the distributed engine (rollout workers as actors)."""
+
+    enabled: bool = False
+    address: Optional[str] = None  # null: a local cluster started for the run; "auto" or ray://host:port: join it
+    num_cpus: Optional[int] = None  # a local cluster's CPUs (null: Ray's own count)
+
+
+@dataclass
+class DistributedSection:
+    ray: RaySection = field(default_factory=RaySection)
+
+
+@dataclass
 class EvalSection:
     """Evaluation during training (engine mode): the task's validation examples scored by the
     recipe's reward with the policy as trained so far, written as ``eval/*`` metrics."""
@@ -171,6 +185,7 @@ class RecipeConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     profile: ProfileSection = field(default_factory=ProfileSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    distributed: DistributedSection = field(default_factory=DistributedSection)
     # Component sections: {name: ..., <options of the registered config class>}.
     task: dict[str, Any] = field(default_factory=lambda: {"name": "arithmetic"})
     reward: dict[str, Any] = field(default_factory=lambda: {"name": "arithmetic"})

@@ -138,6 +138,7 @@ class Driver:
         self._profiler: Any = None
         self._loggers: list[Any] = []  # the recipe's loggers (built when the run's rows start)
         self._validation: list[Any] | None = None  # the task's validation examples (eval.every), read once
+        self._ray: Any = None  # the run's Ray cluster (distributed.ray.enabled)
         self.capabilities = host.registry.get("backend", recipe.backend).capabilities or Capabilities()
         self.deviations = self.capabilities.deviations(recipe)
 
@@ -174,10 +175,23 @@ class Driver:
         # a stage runner generates with its framework's own engine: no rollout copy, no buffer
         self._parts = Components(recipe=recipe, trainer=ctx.trainer, task=build_component(recipe, "task", "task", ctx),
                                  reward=build_reward(recipe, ctx, self.host, warn=self._warn_reward),
-                                 rollout=None if self.trainer_mode else build_component(recipe, "rollout", "rollout", ctx),
+                                 rollout=None if self.trainer_mode else self._rollout(ctx),
                                  buffer=None if self.trainer_mode else build_component(recipe, "buffer", "buffer", ctx),
                                  math=math)
         return self._parts
+
+    def _rollout(self, ctx: Any) -> Any:
+        """The recipe's rollout engine in this process, or (``distributed.ray.enabled``) a pool of
+        ``rollout.workers`` Ray actors each running it (:mod:`unirl.distributed.ray_rollout`)."""
+        from unirl.components import build_component
+
+        if not self.recipe.distributed.ray.enabled:
+            return build_component(self.recipe, "rollout", "rollout", ctx)
+        from unirl.distributed.ray_cluster import RayCluster
+        from unirl.distributed.ray_rollout import RayRolloutPool
+
+        self._ray = RayCluster(self.recipe, ctx.run_dir)
+        return RayRolloutPool(self.recipe, ctx, self._ray)
 
     def _warn_reward(self, message: str) -> None:
         from rich.markup import escape
@@ -447,6 +461,10 @@ class Driver:
                 self._reward_failures(state)  # those of a step that did not finish
                 if hasattr(self._parts.reward, "close"):
                     self._parts.reward.close()  # an isolated reward's worker process
+                if hasattr(self._parts.rollout, "close"):
+                    self._parts.rollout.close()  # Ray rollout actors
+            if self._ray is not None:
+                self._ray.close()
             summary = {"status": status, "global_step": state["global_step"], "stage_index": state["stage_index"],
                        "stage_step": state["stage_step"], "wall_s": round(time.perf_counter() - t_start, 3),
                        "skipped_nonfinite": state.get("nonfinite_skipped", 0),

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 
 @dataclass
@@ -23,3 +24,29 @@ class HFGenerateConfig:
         if cfg.top_k < 0:
             return f"top_k={cfg.top_k} must be >= 0 (0 disables it)."
         return None
+
+
+@dataclass
+class RolloutPolicy:
+    """Keys every ``rollout`` section takes, whatever its engine."""
+
+    workers: int = 1  # with distributed.ray.enabled: Ray actors, each with its own engine; else 1 (in process)
+
+    @staticmethod
+    def validate(cfg: RolloutPolicy, recipe: Any = None) -> str | None:
+        if cfg.workers < 1:
+            return f"workers={cfg.workers} must be at least 1."
+        if cfg.workers > 1 and recipe is not None and not recipe.distributed.ray.enabled:
+            return (f"workers={cfg.workers} runs rollout engines as Ray actors: set distributed.ray.enabled=true "
+                    f"(or rollout.workers=1 to generate in this process).")
+        return None
+
+
+ROLLOUT_POLICY_KEYS = tuple(f.name for f in fields(RolloutPolicy))
+
+
+def split_rollout_policy(options: dict[str, Any]) -> tuple[RolloutPolicy, dict[str, Any]]:
+    """``options`` of a ``rollout`` section as (its policy, the engine's own options)."""
+    rest = dict(options)
+    return RolloutPolicy(**{k: rest.pop(k) for k in ROLLOUT_POLICY_KEYS if k in rest}), rest
+

@@ -1,0 +1,129 @@
+"""Rollout workers as Ray actors (``distributed.ray.enabled=true``, ``rollout.workers=N``).
+
+Each worker builds the recipe's rollout engine (``rollout.name``) in its own process, with its own
+copy of the policy. :class:`RayRolloutPool` is the :class:`~unirl.protocols.RolloutEngine` the
+driver sees: ``generate`` splits the prompts into N contiguous shares, one per worker, and joins
+the answers in prompt order (groups numbered as the in-process engine numbers them);
+``load_weights`` puts the trainer's policy in Ray's object store once and every worker loads it,
+each push bumping the pool's policy version (each worker answers with the version it generated
+with: ``versions``).
+
+Seeds. With one worker the driver's torch random state travels with each call and comes back
+advanced, so the worker draws exactly the samples the in-process engine draws, and the run's
+metrics equal an in-process run's. With N > 1 workers each call draws one 62-bit number ``s``
+from the driver's generator, and worker ``i`` samples from ``torch.manual_seed(s + i)``: a run is
+reproducible for a given seed and N, and differs from N = 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from unirl.batch import RolloutBatch
+from unirl.protocols import SamplingParams
+
+
+class RolloutWorker:
+    """The body of one rollout actor: the recipe's engine on its own copy of the policy."""
+
+    def __init__(self, recipe: dict[str, Any], model_path: str, run_dir: str, threads: int) -> None:
+        import torch
+        from omegaconf import OmegaConf
+
+        from unirl.components import build_component
+        from unirl.models.loading import load_tokenizer
+        from unirl.protocols import BuildContext
+
+        torch.set_num_threads(threads)  # the driver's: the same kernels, the same float sums
+        cfg = OmegaConf.create(recipe)
+        ctx = BuildContext(recipe=cfg, run_dir=run_dir, model_path=model_path, tokenizer=load_tokenizer(model_path))
+        self.engine = build_component(cfg, "rollout", "rollout", ctx)
+        self.version = 0
+
+    def generate(self, prompts: list[str], params: SamplingParams, rng_state: Any, seed: int | None) -> tuple:
+        import torch
+
+        if seed is None:
+            torch.set_rng_state(rng_state)
+        else:
+            torch.manual_seed(seed)
+        batch = self.engine.generate(prompts, params)
+        return batch, torch.get_rng_state(), self.version
+
+    def default_params(self, n: int) -> SamplingParams:
+        return self.engine.default_params(n)
+
+    def load_weights(self, weights: Any, version: int) -> int:
+        self.engine.load_weights(weights)
+        self.version = version
+        return version
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class RayRolloutPool:
+    """The driver's handle on N rollout actors (:class:`~unirl.protocols.RolloutEngine`)."""
+
+    shares_trainer_policy = False  # every worker holds its own copy: the trainer pushes weights
+
+    def __init__(self, recipe: Any, ctx: Any, cluster: Any) -> None:
+        import torch
+        from omegaconf import OmegaConf
+
+        ray = self.ray = cluster.ray
+        self.workers_n = int(recipe.rollout.get("workers", 1))
+        self.pad_id = ctx.tokenizer.pad_token_id
+        actor = ray.remote(num_cpus=0)(RolloutWorker)  # threads are set explicitly; no CPU slot is reserved
+        plain = OmegaConf.to_container(recipe, resolve=True)
+        self.workers = [actor.remote(plain, ctx.model_path, ctx.run_dir, torch.get_num_threads())
+                        for _ in range(self.workers_n)]
+        ray.get([w.pid.remote() for w in self.workers])  # started (a failure to build surfaces here)
+        self.version = 0
+        self._next_group = 0
+
+    def default_params(self, n: int) -> SamplingParams:
+        return self.ray.get(self.workers[0].default_params.remote(n))
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
+        import torch
+
+        prompts = list(prompts)
+        n = min(self.workers_n, len(prompts))
+        bounds = [len(prompts) * i // n for i in range(n + 1)]
+        if n == 1:
+            calls = [self.workers[0].generate.remote(prompts, params, torch.get_rng_state(), None)]
+        else:
+            base = int(torch.randint(0, 2**62, (1,)).item())
+            calls = [self.workers[i].generate.remote(prompts[bounds[i]:bounds[i + 1]], params, None, base + i)
+                     for i in range(n)]
+        answers = self.ray.get(calls)
+        if n == 1:
+            torch.set_rng_state(answers[0][1])
+        parts = []
+        for (part, _, _), lo, hi in zip(answers, bounds, bounds[1:]):
+            part.group_index = part.group_index - part.group_index.min() + self._next_group
+            self._next_group += hi - lo
+            parts.append(part)
+        self.versions = [v for _, _, v in answers]
+        return RolloutBatch.concat(parts, pad_id=self.pad_id)
+
+    def load_weights(self, weights: Any) -> None:
+        self.version += 1
+        ref = self.ray.put({k: v.detach().cpu() for k, v in weights.items()})
+        self.ray.get([w.load_weights.remote(ref, self.version) for w in self.workers])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_group": self._next_group, "version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._next_group = int(state["next_group"])
+        self.version = int(state.get("version", 0))
+
+    def close(self) -> None:
+        for w in self.workers:
+            self.ray.kill(w)
+        self.workers = []
