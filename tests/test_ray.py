@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from unirl import hookimpl
 from unirl import metrics as M
 from unirl.cli import main
 from tests.conftest import DEMO, read_rows
@@ -65,3 +66,51 @@ def test_workers_without_ray_are_refused(tmp_path, capsys):
     assert main(["run", str(DEMO), "rollout.workers=2", f"run.dir={tmp_path / 'r'}"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "rollout: workers=2 runs rollout engines as Ray actors: set distributed.ray.enabled=true" in err
+
+
+class KillRolloutWorker:
+    """A run hook that kills rollout worker 0 (SIGKILL of its process, as the OOM killer would)
+    after global step ``at``."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.step, self.killed = at, 0, []
+
+    @hookimpl
+    def unirl_step_end(self, stage, step, metrics):
+        import os
+        import signal
+
+        import ray
+
+        if metrics["global_step"] == self.at:
+            name = next(n for n in ray.util.list_named_actors() if n.startswith("unirl-rollout-") and "-0-" in n)
+            pid = ray.get(ray.get_actor(name).pid.remote())
+            os.kill(pid, signal.SIGKILL)
+            self.killed.append(name)
+
+
+def test_a_killed_rollout_worker_is_replaced_and_the_run_ends_as_if_it_had_not_died(short_overrides, tmp_path,
+                                                                                   ray_cluster):
+    """Acceptance 2 (rollout half): worker 0 is SIGKILLed between two steps; its next call fails, a new
+    worker with the latest policy takes its place and the call is sent again with the same seeds, so
+    every prompt is generated once and the run ends identical to an undisturbed one."""
+    from unirl.plugin_manager import get_plugin_host
+
+    common = [*short_overrides, "distributed.ray.enabled=true", "rollout.workers=2"]
+    calm, hit = tmp_path / "calm", tmp_path / "hit"
+    assert main(["run", str(DEMO), *common, f"run.dir={calm}"]) == 0
+    killer = KillRolloutWorker(at=6)
+    host = get_plugin_host()
+    host.register_plugin(killer, "killer")
+    try:
+        with pytest.warns(RuntimeWarning, match="rollout worker 0 died"):
+            assert main(["run", str(DEMO), *common, f"run.dir={hit}"]) == 0
+    finally:
+        host.unregister_plugin("killer")
+    assert len(killer.killed) == 1
+    rows = read_rows(hit)
+    assert [r["global_step"] for r in rows if r.get(M.ROLLOUT_RESTARTS)] == [7]
+    strip = [{k: v for k, v in r.items() if k != M.ROLLOUT_RESTARTS} for r in _math_view(hit)]
+    assert strip == _math_view(calm)
+    a, b = _weights(calm), _weights(hit)
+    assert all(torch.equal(a[k], b[k]) for k in a)

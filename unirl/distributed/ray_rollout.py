@@ -74,19 +74,63 @@ class RayRolloutPool:
         import torch
         from omegaconf import OmegaConf
 
+        import uuid
+
         ray = self.ray = cluster.ray
         self.workers_n = int(recipe.rollout.get("workers", 1))
         self.pad_id = ctx.tokenizer.pad_token_id
-        actor = ray.remote(num_cpus=0)(RolloutWorker)  # threads are set explicitly; no CPU slot is reserved
-        plain = OmegaConf.to_container(recipe, resolve=True)
-        self.workers = [actor.remote(plain, ctx.model_path, ctx.run_dir, torch.get_num_threads())
-                        for _ in range(self.workers_n)]
+        self._actor = ray.remote(num_cpus=0)(RolloutWorker)  # threads are set explicitly; no CPU slot reserved
+        self._args = (OmegaConf.to_container(recipe, resolve=True), ctx.model_path, ctx.run_dir,
+                      torch.get_num_threads())
+        self._name = f"unirl-rollout-{uuid.uuid4().hex[:8]}"  # actors are named: ray.get_actor finds them
+        self.restarts = 0  # workers replaced after they died (killed, out of memory, crashed)
+        self._reported = 0
+        self.workers = [self._start(i) for i in range(self.workers_n)]
         ray.get([w.pid.remote() for w in self.workers])  # started (a failure to build surfaces here)
         self.version = 0
+        self._weights: Any = None  # the object-store copy of the latest policy pushed (None: the base model)
         self._next_group = 0
 
+    def _start(self, i: int) -> Any:
+        return self._actor.options(name=f"{self._name}-{i}-{self.restarts}").remote(*self._args)
+
+    def take_restarts(self) -> int:
+        """Workers replaced since the last call (``rollout/worker_restarts`` on the step's row)."""
+        new, self._reported = self.restarts - self._reported, self.restarts
+        return new
+
+    def _replace(self, i: int, exc: Exception) -> None:
+        """Worker ``i`` died: a new one in its place, holding the latest pushed policy."""
+        import warnings
+
+        self.restarts += 1
+        warnings.warn(f"rollout worker {i} died ({type(exc).__name__}); a new one takes its place and its call is "
+                      f"sent again", RuntimeWarning, stacklevel=3)
+        try:
+            self.ray.kill(self.workers[i])
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        self.workers[i] = self._start(i)
+        if self._weights is not None:
+            self.ray.get(self.workers[i].load_weights.remote(self._weights, self.version))
+
+    def _get(self, i: int, method: str, *args: Any, ref: Any = None, attempts: int = 3) -> Any:
+        """``workers[i].method(*args)`` (``ref``: the call already sent), sent again to a new worker
+        when it died; the same arguments give the same answer (seeds and random state travel with it)."""
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+        for attempt in range(attempts):
+            try:
+                return self.ray.get(ref if ref is not None else getattr(self.workers[i], method).remote(*args))
+            except (RayActorError, ActorDiedError, ActorUnavailableError) as exc:
+                if attempt == attempts - 1:
+                    raise
+                self._replace(i, exc)
+                ref = None
+        raise AssertionError("unreachable")
+
     def default_params(self, n: int) -> SamplingParams:
-        return self.ray.get(self.workers[0].default_params.remote(n))
+        return self._get(0, "default_params", n)
 
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
         import torch
@@ -95,12 +139,12 @@ class RayRolloutPool:
         n = min(self.workers_n, len(prompts))
         bounds = [len(prompts) * i // n for i in range(n + 1)]
         if n == 1:
-            calls = [self.workers[0].generate.remote(prompts, params, torch.get_rng_state(), None)]
+            args = [(prompts, params, torch.get_rng_state(), None)]
         else:
             base = int(torch.randint(0, 2**62, (1,)).item())
-            calls = [self.workers[i].generate.remote(prompts[bounds[i]:bounds[i + 1]], params, None, base + i)
-                     for i in range(n)]
-        answers = self.ray.get(calls)
+            args = [(prompts[bounds[i]:bounds[i + 1]], params, None, base + i) for i in range(n)]
+        refs = [self.workers[i].generate.remote(*a) for i, a in enumerate(args)]
+        answers = [self._get(i, "generate", *a, ref=r) for i, (a, r) in enumerate(zip(args, refs))]
         if n == 1:
             torch.set_rng_state(answers[0][1])
         parts = []
@@ -113,8 +157,10 @@ class RayRolloutPool:
 
     def load_weights(self, weights: Any) -> None:
         self.version += 1
-        ref = self.ray.put({k: v.detach().cpu() for k, v in weights.items()})
-        self.ray.get([w.load_weights.remote(ref, self.version) for w in self.workers])
+        self._weights = self.ray.put({k: v.detach().cpu() for k, v in weights.items()})
+        refs = [w.load_weights.remote(self._weights, self.version) for w in self.workers]
+        for i, ref in enumerate(refs):
+            self._get(i, "load_weights", self._weights, self.version, ref=ref)
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_group": self._next_group, "version": self.version}
