@@ -27,9 +27,14 @@ def ray_cluster():
     ray.shutdown()
 
 
+#: what only a run with Ray pools reports: bytes pushed to the workers (in process: none, shared) and
+#: what the pools' workers answered
+TRANSPORT = (M.WEIGHT_SYNC_BYTES, M.ROLLOUT_SEQUENCES, M.REWARD_SCORED)
+
+
 def _math_view(run_dir) -> list[dict]:
-    """Rows without timings and without the bytes a weight push moved (in process: none, shared)."""
-    return [{k: v for k, v in M.deterministic_view(r).items() if k != M.WEIGHT_SYNC_BYTES} for r in read_rows(run_dir)]
+    """Rows without timings and transport counts."""
+    return [{k: v for k, v in M.deterministic_view(r).items() if k not in TRANSPORT} for r in read_rows(run_dir)]
 
 
 def _weights(run_dir) -> dict[str, torch.Tensor]:
@@ -50,16 +55,22 @@ def test_one_ray_worker_gives_the_in_process_run(short_overrides, tmp_path, ray_
     assert all(r[M.WEIGHT_SYNC_BYTES] > 0 for r in rl)  # the policy went to the actor after every update
 
 
-def test_two_workers_split_the_prompts_and_resume_exactly(short_overrides, tmp_path, ray_cluster):
-    common = [*short_overrides, "distributed.ray.enabled=true", "rollout.workers=2"]
-    full, part = tmp_path / "full", tmp_path / "part"
-    assert main(["run", str(DEMO), *common, f"run.dir={full}"]) == 0
-    assert main(["run", str(DEMO), *common, f"run.dir={part}", "run.stop_after=6"]) == 0
-    assert main(["run", str(DEMO), *common, f"run.dir={part}", "resume=auto"]) == 0
-    assert _math_view(full) == _math_view(part)
-    a, b = _weights(full), _weights(part)
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert json.loads((full / "run.json").read_text())["status"] == "completed"
+#: two rollout workers and two reward workers (the reward served by Ray: reward.isolation=ray)
+POOLS = ["distributed.ray.enabled=true", "rollout.workers=2", "reward.isolation=ray", "reward.workers=2"]
+
+
+@pytest.fixture(scope="module")
+def calm_run(ray_cluster, tiny_model_dir, tmp_path_factory):
+    """One undisturbed run with two rollout and two reward workers, which the resume and the
+    fault tests compare themselves with."""
+    run_dir = tmp_path_factory.mktemp("calm") / "run"
+    assert main(["run", str(DEMO), *_short(tiny_model_dir), *POOLS, f"run.dir={run_dir}"]) == 0
+    return run_dir
+
+
+def _short(tiny_model_dir) -> list[str]:
+    return [f"model.path={tiny_model_dir}", "stages.0.steps=4", "stages.1.steps=6", "stages.1.batch_size=4",
+            "algorithm.group_size=4", "checkpoint.every=3", "trainer.micro_batch_size=8", "run.threads=1"]
 
 
 def test_workers_without_ray_are_refused(tmp_path, capsys):
@@ -68,12 +79,12 @@ def test_workers_without_ray_are_refused(tmp_path, capsys):
     assert "rollout: workers=2 runs rollout engines as Ray actors: set distributed.ray.enabled=true" in err
 
 
-class KillRolloutWorker:
-    """A run hook that kills rollout worker 0 (SIGKILL of its process, as the OOM killer would)
-    after global step ``at``."""
+class KillWorkers:
+    """A run hook that SIGKILLs a Ray worker's process (as the OOM killer would) after given global
+    steps: ``{step: actor name prefix}``, e.g. ``{6: "unirl-rollout-"}`` kills rollout worker 0."""
 
-    def __init__(self, at: int) -> None:
-        self.at, self.step, self.killed = at, 0, []
+    def __init__(self, plan: dict[int, str]) -> None:
+        self.plan, self.killed = plan, []
 
     @hookimpl
     def unirl_step_end(self, stage, step, metrics):
@@ -82,35 +93,41 @@ class KillRolloutWorker:
 
         import ray
 
-        if metrics["global_step"] == self.at:
-            name = next(n for n in ray.util.list_named_actors() if n.startswith("unirl-rollout-") and "-0-" in n)
-            pid = ray.get(ray.get_actor(name).pid.remote())
-            os.kill(pid, signal.SIGKILL)
+        prefix = self.plan.get(metrics["global_step"])
+        if prefix is not None:
+            name = next(n for n in sorted(ray.util.list_named_actors()) if n.startswith(prefix) and "-0-" in n)
+            os.kill(ray.get(ray.get_actor(name).pid.remote()), signal.SIGKILL)
             self.killed.append(name)
 
 
-def test_a_killed_rollout_worker_is_replaced_and_the_run_ends_as_if_it_had_not_died(short_overrides, tmp_path,
-                                                                                   ray_cluster):
-    """Acceptance 2 (rollout half): worker 0 is SIGKILLed between two steps; its next call fails, a new
-    worker with the latest policy takes its place and the call is sent again with the same seeds, so
-    every prompt is generated once and the run ends identical to an undisturbed one."""
+def test_killed_workers_are_replaced_and_a_stopped_run_resumes_as_if_they_had_not_died(
+        calm_run, tiny_model_dir, tmp_path):
+    """Acceptance 2, and resume with pools: rollout worker 0 is SIGKILLed after step 5; the run stops
+    after step 7 and resumes (new pools); reward worker 0 is SIGKILLed after step 8. Each next call
+    fails, a new worker (with the latest policy) takes its place and the call is sent again with the
+    same seeds. Every prompt of every step is generated and scored once (the rows count what the
+    workers answered and the replacements), and the run ends identical to the undisturbed one."""
     from unirl.plugin_manager import get_plugin_host
 
-    common = [*short_overrides, "distributed.ray.enabled=true", "rollout.workers=2"]
-    calm, hit = tmp_path / "calm", tmp_path / "hit"
-    assert main(["run", str(DEMO), *common, f"run.dir={calm}"]) == 0
-    killer = KillRolloutWorker(at=6)
+    hit = tmp_path / "hit"
+    args = ["run", str(DEMO), *_short(tiny_model_dir), *POOLS, f"run.dir={hit}"]
+    killer = KillWorkers({5: "unirl-rollout-", 8: "unirl-reward-"})
     host = get_plugin_host()
     host.register_plugin(killer, "killer")
     try:
         with pytest.warns(RuntimeWarning, match="rollout worker 0 died"):
-            assert main(["run", str(DEMO), *common, f"run.dir={hit}"]) == 0
+            assert main([*args, "run.stop_after=7"]) == 0
+        with pytest.warns(RuntimeWarning, match="reward worker 0 died"):
+            assert main([*args, "resume=auto"]) == 0
     finally:
         host.unregister_plugin("killer")
-    assert len(killer.killed) == 1
+    assert len(killer.killed) == 2
     rows = read_rows(hit)
-    assert [r["global_step"] for r in rows if r.get(M.ROLLOUT_RESTARTS)] == [7]
-    strip = [{k: v for k, v in r.items() if k != M.ROLLOUT_RESTARTS} for r in _math_view(hit)]
-    assert strip == _math_view(calm)
-    a, b = _weights(calm), _weights(hit)
+    assert [r["global_step"] for r in rows if r.get(M.ROLLOUT_RESTARTS)] == [6]
+    assert [r["global_step"] for r in rows if r.get(M.REWARD_RESTARTS)] == [9]
+    restarts = (M.ROLLOUT_RESTARTS, M.REWARD_RESTARTS)
+    assert [{k: v for k, v in r.items() if k not in restarts} for r in _math_view(hit)] == _math_view(calm_run)
+    assert all(r[M.ROLLOUT_SEQUENCES] == 16 and r[M.REWARD_SCORED] == 16 for r in rows if r["stage_type"] == "rl")
+    a, b = _weights(calm_run), _weights(hit)
     assert all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((hit / "run.json").read_text())["status"] == "completed"

@@ -50,6 +50,9 @@ THROUGHPUT = "throughput/tokens_per_s"
 MEMORY_PEAK = "memory/peak_bytes"
 GPU_MEMORY_PEAK = "memory/gpu_peak_bytes"
 ROLLOUT_RESTARTS = "rollout/worker_restarts"  # Ray rollout workers that died this step and were replaced
+REWARD_RESTARTS = "reward/worker_restarts"  # Ray reward workers that died this step and were replaced
+ROLLOUT_SEQUENCES = "rollout/sequences"  # Ray rollout pool: sequences its workers generated this step (accepted)
+REWARD_SCORED = "reward/scored"  # Ray reward pool: completions its workers scored this step (accepted)
 REWARD_FAILED = "reward/failed"  # completions whose reward failed this step (reward.on_error zero / skip_group)
 REWARD_SKIPPED_GROUPS = "reward/skipped_groups"  # groups left out of this step (reward.on_error=skip_group)
 SKIPPED_REWARD = "steps/skipped_reward"  # steps skipped so far because no group's reward succeeded (skip_group)

@@ -323,7 +323,8 @@ def _validate_component(cfg: Any, section: str, kind: str, registry: Any) -> dic
     if section == "reward":  # keys every reward takes (on_error, isolation, ...), checked apart from the plugin's
         from unirl.rewards.policy import POLICY_KEYS, RewardPolicy
 
-        policy = _validate_options({k: data.pop(k) for k in POLICY_KEYS if k in data}, RewardPolicy, section)
+        policy = _validate_options({k: data.pop(k) for k in POLICY_KEYS if k in data}, RewardPolicy, section,
+                                   recipe=cfg)
     if section == "rollout":  # how many engines (Ray actors) run it: the driver's, whatever the plugin
         from unirl.rollouts.options import ROLLOUT_POLICY_KEYS, RolloutPolicy
 

@@ -84,7 +84,7 @@ class RayRolloutPool:
                       torch.get_num_threads())
         self._name = f"unirl-rollout-{uuid.uuid4().hex[:8]}"  # actors are named: ray.get_actor finds them
         self.restarts = 0  # workers replaced after they died (killed, out of memory, crashed)
-        self._reported = 0
+        self._reported, self._answered = 0, 0
         self.workers = [self._start(i) for i in range(self.workers_n)]
         ray.get([w.pid.remote() for w in self.workers])  # started (a failure to build surfaces here)
         self.version = 0
@@ -94,10 +94,15 @@ class RayRolloutPool:
     def _start(self, i: int) -> Any:
         return self._actor.options(name=f"{self._name}-{i}-{self.restarts}").remote(*self._args)
 
-    def take_restarts(self) -> int:
-        """Workers replaced since the last call (``rollout/worker_restarts`` on the step's row)."""
-        new, self._reported = self.restarts - self._reported, self.restarts
-        return new
+    def take_counts(self) -> dict[str, float]:
+        """What the workers answered since the last call (the step's row), and workers replaced."""
+        from unirl import metrics as M
+
+        row = {M.ROLLOUT_SEQUENCES: float(self._answered)}
+        if self.restarts > self._reported:
+            row[M.ROLLOUT_RESTARTS] = float(self.restarts - self._reported)
+        self._answered, self._reported = 0, self.restarts
+        return row
 
     def _replace(self, i: int, exc: Exception) -> None:
         """Worker ``i`` died: a new one in its place, holding the latest pushed policy."""
@@ -153,7 +158,9 @@ class RayRolloutPool:
             self._next_group += hi - lo
             parts.append(part)
         self.versions = [v for _, _, v in answers]
-        return RolloutBatch.concat(parts, pad_id=self.pad_id)
+        batch = RolloutBatch.concat(parts, pad_id=self.pad_id)
+        self._answered += len(batch)
+        return batch
 
     def load_weights(self, weights: Any) -> None:
         self.version += 1

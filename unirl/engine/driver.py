@@ -166,6 +166,10 @@ class Driver:
         self._trainer = ctx.trainer = check_trainer(backend.build_trainer(ctx), owner)
         self.trainer_mode = is_stage_runner(ctx.trainer)
 
+        if recipe.distributed.ray.enabled:  # rollout and reward actors join it (unirl.distributed.ray_cluster)
+            from unirl.distributed.ray_cluster import RayCluster
+
+            self._ray = RayCluster(recipe, str(run_dir))
         torch.manual_seed(recipe.seed)  # building parts must not change what the run samples
         math = None
         if not self.trainer_mode:
@@ -187,10 +191,8 @@ class Driver:
 
         if not self.recipe.distributed.ray.enabled:
             return build_component(self.recipe, "rollout", "rollout", ctx)
-        from unirl.distributed.ray_cluster import RayCluster
         from unirl.distributed.ray_rollout import RayRolloutPool
 
-        self._ray = RayCluster(self.recipe, ctx.run_dir)
         return RayRolloutPool(self.recipe, ctx, self._ray)
 
     def _warn_reward(self, message: str) -> None:

@@ -62,6 +62,10 @@ def evaluate(parts: Any, recipe: Any, examples: list[Any], global_step: int) -> 
     rewards = torch.tensor(parts.reward(rollout.prompts, rollout.completions,
                                         **example_extras(examples, ev.samples)), dtype=torch.float64)
     per_prompt = rewards.view(len(examples), ev.samples)
-    return {REWARD_MEAN: float(rewards.mean()),
+    row: dict[str, float] = {}
+    for part in (parts.rollout, parts.reward):  # a Ray pool's counts: the step's row counts training samples only
+        take = getattr(part, "take_counts", None)
+        row.update({k: v for k, v in (take() if take is not None else {}).items() if k.endswith("_restarts")})
+    return {**row, REWARD_MEAN: float(rewards.mean()),
             PASS.format(k=ev.samples): float((per_prompt.max(dim=1).values >= ev.threshold).double().mean()),
             EXAMPLES: float(len(examples))}

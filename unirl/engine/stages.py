@@ -157,9 +157,10 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     resp_tokens = batch.response_mask.sum(-1).float()
     if skipped_groups is not None:
         row[M.REWARD_SKIPPED_GROUPS] = float(skipped_groups)
-    restarts = getattr(c.rollout, "take_restarts", None)
-    if restarts is not None and (n := restarts()):
-        row[M.ROLLOUT_RESTARTS] = float(n)  # workers that died this step and were replaced (their calls re-sent)
+    for part in (c.rollout, c.reward):  # Ray pools: what their workers answered this step, and replacements
+        counts = getattr(part, "take_counts", None)
+        if counts is not None:
+            row.update(counts())
     if kl is not None:
         row["kl/reward_mean"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
     if len(batch) != len(rollout) or dropped:  # the buffer selected: the curve stays over what was generated

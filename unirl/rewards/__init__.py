@@ -46,6 +46,11 @@ def build_reward(recipe: Any, ctx: Any = None, host: Any = None,
     from unirl.components import build_component
 
     policy, _ = split_policy(OmegaConf.to_container(recipe.reward, resolve=True))
+    if policy.isolation == "ray":
+        from unirl.distributed.ray_reward import RayRewardPool
+
+        pool = RayRewardPool(recipe, policy.workers)
+        return CheckedReward(pool, pool.name, pool.reward_range, policy, warn, close=pool.close)
     if policy.isolation == "process":
         from unirl.rewards.isolation import ProcessReward
 

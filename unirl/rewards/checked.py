@@ -98,6 +98,11 @@ class CheckedReward:
         self._warned: set[str] = set()
         self._close = close
 
+    def take_counts(self) -> dict[str, float]:
+        """A Ray pool's counts since the last call (completions scored, workers replaced); else none."""
+        take = getattr(self.batch_fn, "take_counts", None)
+        return take() if take is not None else {}
+
     # -- the call --------------------------------------------------------------------------------
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **kwargs: Any) -> list[float]:
         try:
