@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from unirl.batch import RolloutBatch
+from unirl.distributed.ray_pool import ActorBody, ActorPool
 from unirl.protocols import SamplingParams
 
 
-class RolloutWorker:
+class RolloutWorker(ActorBody):
     """The body of one rollout actor: the recipe's engine on its own copy of the policy."""
 
     def __init__(self, recipe: dict[str, Any], model_path: str, run_dir: str, threads: int) -> None:
@@ -59,11 +60,6 @@ class RolloutWorker:
         self.version = version
         return version
 
-    def pid(self) -> int:
-        import os
-
-        return os.getpid()
-
 
 class RayRolloutPool:
     """The driver's handle on N rollout actors (:class:`~unirl.protocols.RolloutEngine`)."""
@@ -74,82 +70,43 @@ class RayRolloutPool:
         import torch
         from omegaconf import OmegaConf
 
-        import uuid
+        from unirl import metrics as M
 
-        ray = self.ray = cluster.ray
-        self.workers_n = int(recipe.rollout.get("workers", 1))
+        self.ray = cluster.ray
         self.pad_id = ctx.tokenizer.pad_token_id
-        self._actor = ray.remote(num_cpus=0)(RolloutWorker)  # threads are set explicitly; no CPU slot reserved
-        self._args = (OmegaConf.to_container(recipe, resolve=True), ctx.model_path, ctx.run_dir,
-                      torch.get_num_threads())
-        self._name = f"unirl-rollout-{uuid.uuid4().hex[:8]}"  # actors are named: ray.get_actor finds them
-        self.restarts = 0  # workers replaced after they died (killed, out of memory, crashed)
-        self._reported, self._answered = 0, 0
-        self.workers = [self._start(i) for i in range(self.workers_n)]
-        ray.get([w.pid.remote() for w in self.workers])  # started (a failure to build surfaces here)
         self.version = 0
         self._weights: Any = None  # the object-store copy of the latest policy pushed (None: the base model)
         self._next_group = 0
+        args = (OmegaConf.to_container(recipe, resolve=True), ctx.model_path, ctx.run_dir, torch.get_num_threads())
+        self.pool = ActorPool(RolloutWorker, args, int(recipe.rollout.workers), kind="rollout",
+                              answered_key=M.ROLLOUT_SEQUENCES, restarts_key=M.ROLLOUT_RESTARTS,
+                              on_replace=self._refresh)
 
-    def _start(self, i: int) -> Any:
-        return self._actor.options(name=f"{self._name}-{i}-{self.restarts}").remote(*self._args)
+    def _refresh(self, i: int) -> None:
+        """A replaced worker starts from the base model: it gets the latest pushed policy."""
+        if self._weights is not None:
+            self.pool.get(i, "load_weights", self._weights, self.version)
 
     def take_counts(self) -> dict[str, float]:
-        """What the workers answered since the last call (the step's row), and workers replaced."""
-        from unirl import metrics as M
-
-        row = {M.ROLLOUT_SEQUENCES: float(self._answered)}
-        if self.restarts > self._reported:
-            row[M.ROLLOUT_RESTARTS] = float(self.restarts - self._reported)
-        self._answered, self._reported = 0, self.restarts
-        return row
-
-    def _replace(self, i: int, exc: Exception) -> None:
-        """Worker ``i`` died: a new one in its place, holding the latest pushed policy."""
-        import warnings
-
-        self.restarts += 1
-        warnings.warn(f"rollout worker {i} died ({type(exc).__name__}); a new one takes its place and its call is "
-                      f"sent again", RuntimeWarning, stacklevel=3)
-        try:
-            self.ray.kill(self.workers[i])
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-        self.workers[i] = self._start(i)
-        if self._weights is not None:
-            self.ray.get(self.workers[i].load_weights.remote(self._weights, self.version))
-
-    def _get(self, i: int, method: str, *args: Any, ref: Any = None, attempts: int = 3) -> Any:
-        """``workers[i].method(*args)`` (``ref``: the call already sent), sent again to a new worker
-        when it died; the same arguments give the same answer (seeds and random state travel with it)."""
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-
-        for attempt in range(attempts):
-            try:
-                return self.ray.get(ref if ref is not None else getattr(self.workers[i], method).remote(*args))
-            except (RayActorError, ActorDiedError, ActorUnavailableError) as exc:
-                if attempt == attempts - 1:
-                    raise
-                self._replace(i, exc)
-                ref = None
-        raise AssertionError("unreachable")
+        """Sequences the workers generated since the last call, and workers replaced."""
+        return self.pool.take_counts()
 
     def default_params(self, n: int) -> SamplingParams:
-        return self._get(0, "default_params", n)
+        return self.pool.get(0, "default_params", n)
 
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
         import torch
 
         prompts = list(prompts)
-        n = min(self.workers_n, len(prompts))
+        n = min(len(self.pool), len(prompts))
         bounds = [len(prompts) * i // n for i in range(n + 1)]
         if n == 1:
             args = [(prompts, params, torch.get_rng_state(), None)]
         else:
             base = int(torch.randint(0, 2**62, (1,)).item())
             args = [(prompts[bounds[i]:bounds[i + 1]], params, None, base + i) for i in range(n)]
-        refs = [self.workers[i].generate.remote(*a) for i, a in enumerate(args)]
-        answers = [self._get(i, "generate", *a, ref=r) for i, (a, r) in enumerate(zip(args, refs))]
+        refs = [self.pool.submit(i, "generate", *a) for i, a in enumerate(args)]
+        answers = [self.pool.get(i, "generate", *a, ref=r) for i, (a, r) in enumerate(zip(args, refs))]
         if n == 1:
             torch.set_rng_state(answers[0][1])
         parts = []
@@ -159,15 +116,15 @@ class RayRolloutPool:
             parts.append(part)
         self.versions = [v for _, _, v in answers]
         batch = RolloutBatch.concat(parts, pad_id=self.pad_id)
-        self._answered += len(batch)
+        self.pool.answered += len(batch)
         return batch
 
     def load_weights(self, weights: Any) -> None:
         self.version += 1
         self._weights = self.ray.put({k: v.detach().cpu() for k, v in weights.items()})
-        refs = [w.load_weights.remote(self._weights, self.version) for w in self.workers]
+        refs = [self.pool.submit(i, "load_weights", self._weights, self.version) for i in range(len(self.pool))]
         for i, ref in enumerate(refs):
-            self._get(i, "load_weights", self._weights, self.version, ref=ref)
+            self.pool.get(i, "load_weights", self._weights, self.version, ref=ref)
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_group": self._next_group, "version": self.version}
@@ -177,6 +134,4 @@ class RayRolloutPool:
         self.version = int(state.get("version", 0))
 
     def close(self) -> None:
-        for w in self.workers:
-            self.ray.kill(w)
-        self.workers = []
+        self.pool.close()

@@ -158,7 +158,7 @@ def open_split(path: str, split: str, key: str = "task.path") -> Any:
     except DataError:
         raise
     except ValueError as exc:
-        if "split" in str(exc).lower() or "Unknown split" in str(exc):
+        if "split" in str(exc).lower():
             raise DataError(f"{key}={path!r}: no split {split!r} ({exc}). Set task.split (or task.eval_split).",
                             key="task.split", value=split) from None
         raise DataError(f"{key}={path!r}: cannot be read ({type(exc).__name__}: {exc}). {FIX}.",
