@@ -12,7 +12,9 @@ from unirl.rewards import FunctionRewardConfig
 from unirl.rewards.arithmetic import ArithmeticRewardConfig
 from unirl.rewards.combined import CombinedRewardConfig
 from unirl.rewards.format import FormatRewardConfig
+from unirl.rewards.judge import JudgeRewardConfig
 from unirl.rewards.math_answer import MathVerifyRewardConfig
+from unirl.rewards.reward_model import RewardModelConfig
 from unirl.rollouts.options import HFGenerateConfig
 from unirl.tasks.arithmetic import ArithmeticTaskConfig
 from unirl.tasks.dataset import DatasetTaskConfig
@@ -38,6 +40,10 @@ def unirl_register_rewards(register):
              description="math answer equal to the reference (Hugging Face math-verify: boxed, LaTeX, equivalent forms)")
     register("format", "unirl.rewards.format:FormatReward", config_class=FormatRewardConfig,
              description="score for a completion matching a regular expression (default: <think>/<answer> tags)")
+    register("reward_model", "unirl.rewards.reward_model:RewardModelReward", config_class=RewardModelConfig,
+             description="a trained reward model's score (the folder an rm stage exports, <run.dir>/reward_model)")
+    register("llm_judge", "unirl.rewards.judge:JudgeReward", config_class=JudgeRewardConfig,
+             description="RLAIF: a generative model prompted with a rubric, the number in its answer / max_score")
     register("combined", "unirl.rewards.combined:CombinedReward", config_class=CombinedRewardConfig,
              description="weighted sum of rewards, each with its own options (reward.terms)")
     register("function", "unirl.rewards:load_function_reward", config_class=FunctionRewardConfig,
