@@ -96,3 +96,53 @@ def same_weights(a: Path, b: Path, atol: float = 1e-5, folder: str = "model") ->
     worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
     assert worst <= atol, worst
     return worst
+
+
+# ----------------------------------------------------------------------------- served rewards
+# A tiny reward model and a tiny LLM judge, trained once per session: GRPO scores its rollouts
+# with them in process (tests/test_served_rewards.py) and through Ray pools (tests/test_ray.py).
+
+#: the judge's rubric: an arithmetic prompt and its completion, then " ok?"; it answers 1 or 0
+JUDGE_RUBRIC = "{prompt}{completion} ok?"
+
+
+def arithmetic_judgements(n: int, seed: int) -> list[tuple[str, str, bool]]:
+    """``n`` (prompt, completion, correct) of one-digit sums, half of them wrong."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b, right = rng.randint(0, 9), rng.randint(0, 9), rng.random() < 0.5
+        c = a + b if right else rng.choice([x for x in range(19) if x != a + b])
+        out.append((f"{a}+{b}=", str(c), right))
+    return out
+
+
+@pytest.fixture(scope="session")
+def rm_tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``configs/rm_tiny.yaml`` run once (about 9 s): its reward model is ``<run>/reward_model``."""
+    from unirl.cli import main
+
+    run_dir = tmp_path_factory.mktemp("rm_tiny") / "run"
+    assert main(["run", str(ROOT / "configs" / "rm_tiny.yaml"), f"run.dir={run_dir}"]) == 0
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_judge(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny LLM judge: the tiny model SFT-trained (500 steps, about 13 s) to answer ``1`` or ``0``
+    to :data:`JUDGE_RUBRIC` rendered with a one-digit sum and a right or wrong answer."""
+    from unirl.cli import main
+
+    root = tmp_path_factory.mktemp("judge")
+    data = root / "judgements.jsonl"
+    data.write_text("".join(json.dumps({"prompt": JUDGE_RUBRIC.format(prompt=p, completion=c),
+                                        "completion": "1" if right else "0"}) + "\n"
+                            for p, c, right in arithmetic_judgements(2000, seed=0)))
+    recipe = root / "judge_sft.yaml"
+    recipe.write_text(f"seed: 0\nrun: {{dir: {root / 'run'}}}\ntask: {{name: dataset, path: {data}}}\n"
+                      "trainer: {lr: 3.0e-3, micro_batch_size: 64}\n"
+                      "stages:\n  - {name: judge_sft, type: sft, steps: 500, batch_size: 32}\n")
+    assert main(["run", str(recipe)]) == 0
+    return root / "run" / "model"

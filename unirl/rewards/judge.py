@@ -31,6 +31,11 @@ class JudgeRewardConfig:
     def validate(cfg: JudgeRewardConfig) -> str | None:
         if not cfg.path:
             return "path is required: the judge model (a causal LM folder or hub id)."
+        if looks_local(cfg.path):
+            from unirl.userfiles import check_dir
+
+            check_dir(cfg.path, key="reward.path", must_hold="config.json",
+                      fix="Give the folder of a causal LM (e.g. <run.dir>/model of an sft run) or a hub id.")
         for key in ("{prompt}", "{completion}"):
             if key not in cfg.rubric:
                 return f"rubric has no {key}: the judge must see the prompt and the completion."
@@ -41,6 +46,13 @@ class JudgeRewardConfig:
         if not cfg.max_score > 0:
             return f"max_score={cfg.max_score} must be > 0."
         return None
+
+
+def looks_local(path: str) -> bool:
+    """A path on this machine rather than a hub id (``org/name``)."""
+    import os
+
+    return path.startswith((os.sep, ".", "~")) or os.path.exists(path)
 
 
 class JudgeReward:
