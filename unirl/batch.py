@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 #: RolloutBatch fields on the target grid [B, T-1], filled in as a step progresses.
-TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "values", "returns", "advantages")
+TOKEN_FIELDS = ("old_logprobs", "ref_logprobs", "values", "returns", "advantages", "rollout_logprobs", "is_weights")
 
 
 @dataclass
@@ -32,6 +32,13 @@ class RolloutBatch:
     values: torch.Tensor | None = None  # [B, T-1] critic values at rollout time
     returns: torch.Tensor | None = None  # [B, T-1] value targets (gae)
     advantages: torch.Tensor | None = None  # [B, T-1] per-token advantages (0 outside the response)
+    #: [B, T-1] log-probs of the rollout engine's policy when it sampled (asked for with
+    #: ``SamplingParams.logprobs``): the behaviour policy of truncated importance sampling
+    rollout_logprobs: torch.Tensor | None = None
+    #: [B, T-1] truncated importance weights ``min(pi_old / pi_rollout, algorithm.tis_cap)`` (detached)
+    is_weights: torch.Tensor | None = None
+    #: [B] long: the policy version (weight pushes) each sequence was generated with
+    policy_version: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -91,7 +98,7 @@ class RolloutBatch:
             prompts=[p for b in batches for p in b.prompts],
             completions=[c for b in batches for c in b.completions],
             extras={k: [v for b in batches for v in b.extras[k]] for k in batches[0].extras},
-            **{name: cat_opt(name) for name in ("rewards", *TOKEN_FIELDS)},
+            **{name: cat_opt(name) for name in ("rewards", "policy_version", *TOKEN_FIELDS)},
         )
 
     def to_state(self) -> dict[str, Any]:

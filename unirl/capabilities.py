@@ -36,6 +36,7 @@ CANONICAL_KNOBS: dict[str, tuple[Any, ...]] = {
     "algorithm.kl_reward_estimator": choices.KL_ESTIMATORS,
     "algorithm.kl_clamp": (ON,),
     "algorithm.dual_clip": (ON,),
+    "algorithm.tis_cap": (ON,),
     "algorithm.entropy_coef": (ON,),
     "algorithm.value_clip": (ON,),
     "algorithm.dpo_loss": choices.DPO_LOSSES,
@@ -148,7 +149,7 @@ def recipe_knobs(recipe: Any) -> list[tuple[str, Any, Any]]:
                     ("algorithm.kl_reward_estimator", a.kl_reward_estimator, a.kl_reward_estimator)]
         if a.kl_clamp is not None and (a.kl_loss_coef > 0 or a.kl_reward_coef > 0):
             out.append(("algorithm.kl_clamp", ON, a.kl_clamp))
-        for key in ("dual_clip", "entropy_coef"):
+        for key in ("dual_clip", "entropy_coef", "tis_cap"):
             if a[key]:
                 out.append((f"algorithm.{key}", ON, a[key]))
         if a.advantage == "gae" and a.value_clip is not None:

@@ -104,7 +104,10 @@ def _sha256(path: Path) -> str:
 
 
 def save_checkpoint(run_dir: str | Path, *, global_step: int, trainer_state: dict[str, Any], state: dict[str, Any],
-                    buffer_state: dict[str, Any], keep: int) -> Path:
+                    buffer_state: dict[str, Any], keep: int, pending_state: dict[str, Any] | None = None) -> Path:
+    """Write ``checkpoints/step-N`` atomically (``.tmp``, fsync, manifest, rename) and keep the last
+    ``keep``. ``pending_state``: rollout batches generated ahead of training
+    (:class:`unirl.engine.pipeline.GenerationQueue`), written to ``pending.pt``."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_PREFIX}{global_step:08d}"
@@ -121,8 +124,10 @@ def save_checkpoint(run_dir: str | Path, *, global_step: int, trainer_state: dic
             # clone: tied weights share storage, which safetensors refuses to write twice
             save_file({k: v.detach().clone().contiguous() for k, v in tensors.items()}, str(current))
             written.append(current)
-        for current, obj in ((tmp / "trainer.pt", rest), (tmp / "rng.pt", torch_rng_state()),
-                             (tmp / "buffer.pt", buffer_state)):
+        files = [(tmp / "trainer.pt", rest), (tmp / "rng.pt", torch_rng_state()), (tmp / "buffer.pt", buffer_state)]
+        if pending_state is not None:
+            files.append((tmp / "pending.pt", pending_state))
+        for current, obj in files:
             torch.save(obj, current)
             written.append(current)
         _test_pause(tmp.name)
@@ -227,6 +232,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             "state": json.loads((path / "state.json").read_text()),
             "buffer": torch.load(path / "buffer.pt", weights_only=True, map_location="cpu"),
             "rng": torch.load(path / "rng.pt", weights_only=True, map_location="cpu"),
+            "pending": (torch.load(path / "pending.pt", weights_only=True, map_location="cpu")
+                        if (path / "pending.pt").exists() else None),
         }
     except Exception as exc:  # noqa: BLE001
         raise RunError(f"checkpoint {str(path)!r} could not be read ({type(exc).__name__}: {exc}). Delete it to "

@@ -51,7 +51,13 @@ MEMORY_PEAK = "memory/peak_bytes"
 GPU_MEMORY_PEAK = "memory/gpu_peak_bytes"
 ROLLOUT_RESTARTS = "rollout/worker_restarts"  # Ray rollout workers that died this step and were replaced
 REWARD_RESTARTS = "reward/worker_restarts"  # Ray reward workers that died this step and were replaced
-ROLLOUT_SEQUENCES = "rollout/sequences"  # Ray rollout pool: sequences its workers generated this step (accepted)
+ROLLOUT_SEQUENCES = "rollout/sequences"  # Ray rollout pool: sequences this step took from its workers (trained or dropped)
+# generation ahead of training (rollout.max_staleness > 0): policy versions are updates of the run
+ASYNC_STALENESS_MEAN = "async/staleness_mean"  # mean over the step's sequences of (updates now - version generated with)
+ASYNC_STALENESS_MAX = "async/staleness_max"
+ASYNC_DROPPED = "async/dropped"  # sequences dropped this step for being older than rollout.max_staleness
+ASYNC_QUEUED = "async/queued"  # batches requested ahead (in flight or waiting) while this step trained
+TIS_WEIGHT_MEAN = "tis/weight_mean"  # mean truncated importance weight over the response tokens (algorithm.tis_cap)
 REWARD_SCORED = "reward/scored"  # Ray reward pool: completions its workers scored this step (accepted)
 REWARD_FAILED = "reward/failed"  # completions whose reward failed this step (reward.on_error zero / skip_group)
 REWARD_SKIPPED_GROUPS = "reward/skipped_groups"  # groups left out of this step (reward.on_error=skip_group)

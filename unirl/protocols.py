@@ -98,6 +98,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k filter
     greedy: bool = False  # argmax decoding (evaluation); temperature, top_p and top_k are not used
+    #: also return each sampled token's log-prob under the sampling policy
+    #: (``RolloutBatch.rollout_logprobs``; truncated importance sampling needs them)
+    logprobs: bool = False
 
 
 @runtime_checkable

@@ -19,15 +19,22 @@ from unirl.algorithms.preference import dpo_loss, pairwise_reward_loss
 
 def policy_objective(*, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
                      advantages: torch.Tensor, mask: torch.Tensor, entropy: torch.Tensor | None, algo: Any,
-                     normaliser: float, n_tokens: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                     normaliser: float, n_tokens: float, is_weights: torch.Tensor | None = None,
+                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy loss + ``kl_loss_coef`` x KL (in the loss) - ``entropy_coef`` x entropy.
 
     Token tensors are [B, L] aligned to targets, ``advantages`` included. ``normaliser`` is
     the step-global normaliser of ``algo.loss_agg``; ``n_tokens`` the step-global response
     token count used for the token-mean statistics (kl/mean, clip/frac, entropy/mean).
+    ``is_weights`` (truncated importance sampling, :func:`truncated_is_weights`) multiply each
+    token's clipped policy loss, not the KL or entropy terms.
     """
     pg_mat, clipped = clipped_policy_loss(logp, old_logp, advantages, clip_low=algo.clip_low,
                                           clip_high=algo.clip_high, dual_clip=algo.dual_clip)
+    stats_is = {}
+    if is_weights is not None:
+        pg_mat = pg_mat * is_weights
+        stats_is["tis/weight_mean"] = ((is_weights * mask).sum() / n_tokens).detach()
     pg_loss = aggregate_loss(pg_mat, mask, algo.loss_agg, normaliser=normaliser)
     total = pg_loss
     stats = {"loss/policy": pg_loss.detach(), "clip/frac": (clipped * mask).sum() / n_tokens}
@@ -43,7 +50,7 @@ def policy_objective(*, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: to
             total = total - algo.entropy_coef * aggregate_loss(entropy, mask, algo.loss_agg, normaliser=normaliser)
         stats["entropy/mean"] = ((entropy * mask).sum() / n_tokens).detach()
     stats["loss/total"] = total.detach()
-    return total, stats
+    return total, {**stats, **stats_is}
 
 
 def value_objective(*, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,

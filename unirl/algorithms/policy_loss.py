@@ -59,6 +59,14 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
     return loss, was_clipped.to(logp.dtype)
 
 
+def truncated_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                         cap: float) -> torch.Tensor:
+    """Token-level truncated importance weights ``min(exp(old_logp - rollout_logp), cap)``, 0
+    outside ``mask``, detached: the correction for samples drawn by the rollout engine's policy
+    (stale weights, another engine's numerics) rather than the one the update starts from."""
+    return (torch.exp(old_logp - rollout_logp).clamp(max=cap) * mask).detach()
+
+
 def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, *,
                        clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token value loss ``0.5 * max((V - R)^2, (V_clip - R)^2)``,

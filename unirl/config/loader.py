@@ -252,6 +252,7 @@ def _check_values(cfg: Any) -> None:
     for key in ("kl_clamp", "value_clip", "beta", "critic_lr"):
         _at_least(f"algorithm.{key}", a[key], 0, strict=True)
     _at_least("algorithm.dual_clip", a.dual_clip, 1, strict=True)
+    _at_least("algorithm.tis_cap", a.tis_cap, 1)
     _at_least("algorithm.loss_norm_length", a.loss_norm_length, 1)
     _at_least("algorithm.ppo_epochs", a.ppo_epochs, 1)
     _at_least("algorithm.mini_batches", a.mini_batches, 1)
@@ -412,6 +413,14 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
                           f"{backend_reg.name!r} runs in trainer mode: the framework's own loop trains on everything "
                           f"it generates and no buffer is built. Use buffer.name=memory, or an engine-mode backend "
                           f"({', '.join(engines)}).", key="buffer.name", value=cfg.buffer.name)
+    staleness = cfg.rollout.get("max_staleness", 0)
+    if trainer_mode and isinstance(staleness, int) and staleness > 0 and any(st.type == "rl" for st in cfg.stages):
+        engines = [r.name for r in registry.entries["backend"].values()
+                   if r.capabilities is not None and r.capabilities.mode == "engine"]
+        raise ConfigError(f"rollout.max_staleness={staleness} lets unirl's rl step generate ahead of training, but "
+                          f"backend {backend_reg.name!r} runs in trainer mode: the framework's own loop generates. Use "
+                          f"rollout.max_staleness=0, or an engine-mode backend ({', '.join(engines)}).",
+                          key="rollout.max_staleness", value=staleness)
     if trainer_mode and cfg.reward.get("on_error") == "skip_group" and any(st.type == "rl" for st in cfg.stages):
         engines = [r.name for r in registry.entries["backend"].values()
                    if r.capabilities is not None and r.capabilities.mode == "engine"]

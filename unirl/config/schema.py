@@ -77,6 +77,9 @@ class AlgorithmSection:
     clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]
     clip_high: float = 0.2
     dual_clip: Optional[float] = None  # c > 1 caps the loss of A < 0 tokens at -c * A; null = off
+    # truncated importance sampling against the rollout engine's log-probs: each token's loss is
+    # weighted by min(pi_old / pi_rollout, tis_cap) (docs/semantics.md); null = off
+    tis_cap: Optional[float] = None
     entropy_coef: float = 0.0
     # KL to the reference (the policy frozen when the stage starts); each placement has its coefficient
     kl_loss_coef: float = 0.0  # KL term added to the loss

@@ -4,15 +4,22 @@ Each worker builds the recipe's rollout engine (``rollout.name``) in its own pro
 copy of the policy. :class:`RayRolloutPool` is the :class:`~unirl.protocols.RolloutEngine` the
 driver sees: ``generate`` splits the prompts into N contiguous shares, one per worker, and joins
 the answers in prompt order (groups numbered as the in-process engine numbers them);
-``load_weights`` puts the trainer's policy in Ray's object store once and every worker loads it,
-each push bumping the pool's policy version (each worker answers with the version it generated
-with: ``versions``).
+``load_weights`` puts the trainer's policy in Ray's object store once, a new push version; every
+generate call carries the push it must sample with, and a worker holding another loads it first.
+So a call requested before an update (generation ahead of training, ``rollout.max_staleness``)
+samples with the policy it was requested with even when it runs after the push, and a call sent
+again to a replacement worker samples with the same policy as the first time.
 
-Seeds. With one worker the driver's torch random state travels with each call and comes back
-advanced, so the worker draws exactly the samples the in-process engine draws, and the run's
-metrics equal an in-process run's. With N > 1 workers each call draws one 62-bit number ``s``
-from the driver's generator, and worker ``i`` samples from ``torch.manual_seed(s + i)``: a run is
-reproducible for a given seed and N, and differs from N = 1.
+``submit`` sends a step's calls and returns at once; ``collect`` waits for them (the
+:class:`~unirl.engine.pipeline.GenerationQueue` overlaps the two with training); ``generate`` is
+both.
+
+Seeds. A call wanted at once (``immediate``) with one worker carries the driver's torch random
+state and brings it back advanced, so the worker draws exactly the samples the in-process engine
+draws, and the run's metrics equal an in-process run's. Otherwise (N > 1 workers, or a call
+requested ahead) each call draws one 62-bit number ``s`` from the driver's generator when it is
+submitted, and worker ``i`` samples from ``torch.manual_seed(s + i)``: a run is reproducible for
+a given seed, N and ``max_staleness``.
 """
 
 from __future__ import annotations
@@ -42,9 +49,12 @@ class RolloutWorker(ActorBody):
         self.engine = build_component(cfg, "rollout", "rollout", ctx)
         self.version = 0
 
-    def generate(self, prompts: list[str], params: SamplingParams, rng_state: Any, seed: int | None) -> tuple:
+    def generate(self, prompts: list[str], params: SamplingParams, rng_state: Any, seed: int | None,
+                 weights: Any, version: int) -> tuple:
         import torch
 
+        if version != self.version:  # the policy this call was requested with (a Ray object ref resolves to it)
+            self.load_weights(weights, version)
         if seed is None:
             torch.set_rng_state(rng_state)
         else:
@@ -79,13 +89,7 @@ class RayRolloutPool:
         self._next_group = 0
         args = (OmegaConf.to_container(recipe, resolve=True), ctx.model_path, ctx.run_dir, torch.get_num_threads())
         self.pool = ActorPool(RolloutWorker, args, int(recipe.rollout.workers), kind="rollout",
-                              answered_key=M.ROLLOUT_SEQUENCES, restarts_key=M.ROLLOUT_RESTARTS,
-                              on_replace=self._refresh)
-
-    def _refresh(self, i: int) -> None:
-        """A replaced worker starts from the base model: it gets the latest pushed policy."""
-        if self._weights is not None:
-            self.pool.get(i, "load_weights", self._weights, self.version)
+                              answered_key=M.ROLLOUT_SEQUENCES, restarts_key=M.ROLLOUT_RESTARTS)
 
     def take_counts(self) -> dict[str, float]:
         """Sequences the workers generated since the last call, and workers replaced."""
@@ -94,37 +98,52 @@ class RayRolloutPool:
     def default_params(self, n: int) -> SamplingParams:
         return self.pool.get(0, "default_params", n)
 
-    def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
+    def submit(self, prompts: Sequence[str], params: SamplingParams, *, immediate: bool = False) -> Any:
+        """Send one batch's calls (one per worker) and return at once: a ticket for :meth:`collect`."""
         import torch
 
         prompts = list(prompts)
         n = min(len(self.pool), len(prompts))
         bounds = [len(prompts) * i // n for i in range(n + 1)]
-        if n == 1:
-            args = [(prompts, params, torch.get_rng_state(), None)]
+        travel = n == 1 and immediate  # the driver's random state goes and comes back
+        if travel:
+            args = [(prompts, params, torch.get_rng_state(), None, self._weights, self.version)]
         else:
             base = int(torch.randint(0, 2**62, (1,)).item())
-            args = [(prompts[bounds[i]:bounds[i + 1]], params, None, base + i) for i in range(n)]
+            args = [(prompts[bounds[i]:bounds[i + 1]], params, None, base + i, self._weights, self.version)
+                    for i in range(n)]
         refs = [self.pool.submit(i, "generate", *a) for i, a in enumerate(args)]
-        answers = [self.pool.get(i, "generate", *a, ref=r) for i, (a, r) in enumerate(zip(args, refs))]
-        if n == 1:
+        first_group, self._next_group = self._next_group, self._next_group + len(prompts)
+        return {"args": args, "refs": refs, "bounds": bounds, "first_group": first_group, "travel": travel}
+
+    def collect(self, ticket: Any) -> RolloutBatch:
+        """The batch of :meth:`submit`'s calls, in prompt order (a dead worker's call sent again)."""
+        import torch
+
+        answers = [self.pool.get(i, "generate", *a, ref=r)
+                   for i, (a, r) in enumerate(zip(ticket["args"], ticket["refs"]))]
+        if ticket["travel"]:
             torch.set_rng_state(answers[0][1])
         parts = []
-        for (part, _, _), lo, hi in zip(answers, bounds, bounds[1:]):
-            part.group_index = part.group_index - part.group_index.min() + self._next_group
-            self._next_group += hi - lo
+        for (part, _, _), lo in zip(answers, ticket["bounds"]):
+            part.group_index = part.group_index - part.group_index.min() + ticket["first_group"] + lo
             parts.append(part)
         self.versions = [v for _, _, v in answers]
-        batch = RolloutBatch.concat(parts, pad_id=self.pad_id)
-        self.pool.answered += len(batch)
+        return RolloutBatch.concat(parts, pad_id=self.pad_id)
+
+    def count_sequences(self, n: int) -> None:
+        """``n`` sequences were taken from the workers for a step (``rollout/sequences``)."""
+        self.pool.answered += n
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
+        batch = self.collect(self.submit(prompts, params, immediate=True))
+        self.count_sequences(len(batch))
         return batch
 
     def load_weights(self, weights: Any) -> None:
+        """A new push: the policy goes to the object store once; workers load it with their next call."""
         self.version += 1
         self._weights = self.ray.put({k: v.detach().cpu() for k, v in weights.items()})
-        refs = [self.pool.submit(i, "load_weights", self._weights, self.version) for i in range(len(self.pool))]
-        for i, ref in enumerate(refs):
-            self.pool.get(i, "load_weights", self._weights, self.version, ref=ref)
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_group": self._next_group, "version": self.version}

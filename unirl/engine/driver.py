@@ -27,7 +27,7 @@ from unirl.errors import ConfigError, PluginLoadError, RunError, UsageError
 #: number of data-parallel ranks, ZeRO stage or offload (backend=deepspeed), and (backend=megatron)
 #: on another tensor / pipeline layout.
 RESUME_FREE_KEYS = {"resume", "run.stop_after", "run.overwrite", "run.log_every", "run.threads",
-                    "run.max_nonfinite_in_a_row", "reward.isolation", "reward.timeout_s", "reward.memory_mb",
+                    "run.max_nonfinite_in_a_row", "rollout.max_staleness", "reward.isolation", "reward.timeout_s", "reward.memory_mb",
                     "parallel.dp", "parallel.tp", "parallel.pp", "parallel.zero_stage", "parallel.offload", "loggers"}
 #: sections whose keys may all change on resume: where the metrics also go, and evaluation (its
 #: generation runs under a forked random state: it never changes what is trained)
@@ -177,11 +177,17 @@ class Driver:
 
             math = backend.math() if hasattr(backend, "math") else ReferenceMath()
         # a stage runner generates with its framework's own engine: no rollout copy, no buffer
+        rollout = None if self.trainer_mode else self._rollout(ctx)
+        queue = None
+        if rollout is not None:
+            from unirl.engine.pipeline import GenerationQueue
+
+            queue = GenerationQueue(rollout, recipe.rollout.get("max_staleness", 0),
+                                    want_logprobs=recipe.algorithm.tis_cap is not None)
         self._parts = Components(recipe=recipe, trainer=ctx.trainer, task=build_component(recipe, "task", "task", ctx),
-                                 reward=build_reward(recipe, ctx, self.host, warn=self._warn_reward),
-                                 rollout=None if self.trainer_mode else self._rollout(ctx),
+                                 reward=build_reward(recipe, ctx, self.host, warn=self._warn_reward), rollout=rollout,
                                  buffer=None if self.trainer_mode else build_component(recipe, "buffer", "buffer", ctx),
-                                 math=math)
+                                 math=math, queue=queue)
         return self._parts
 
     def _rollout(self, ctx: Any) -> Any:
@@ -221,6 +227,8 @@ class Driver:
         parts.task.load_state_dict(state["task"])
         if parts.rollout is not None:
             parts.rollout.load_state_dict(state["rollout"])
+        if parts.queue is not None and ckpt.get("pending") is not None:
+            parts.queue.load_state_dict(ckpt["pending"])
         self.console.print(f"resuming from {path} (global step {state['global_step']})", highlight=False)
         return state
 
@@ -266,6 +274,7 @@ class Driver:
                                        f"{state['stage_step']} of {stage.steps} without finishing the stage")
                 else:
                     while not outcome:
+                        parts.steps_left = stage.steps - state["stage_step"]
                         self._profiler.before(state["global_step"] + 1)
                         try:
                             row = STEP_FUNCTIONS[stage.type](parts, stage, lr)
@@ -434,7 +443,8 @@ class Driver:
                 return save_checkpoint(run_dir, global_step=state["global_step"],
                                        trainer_state=parts.trainer.state_dict(), state=snapshot,
                                        buffer_state=parts.buffer.state_dict() if parts.buffer is not None else {},
-                                       keep=recipe.checkpoint.keep)
+                                       keep=recipe.checkpoint.keep,
+                                       pending_state=parts.queue.state_dict() if parts.queue is not None else None)
 
             status = self._stages(parts, state, writer, checkpoint)
             if status == "completed":

@@ -204,8 +204,10 @@ class ReferenceTrainer:
         # Without stored behaviour log-probs the batch is on-policy: old = current (ratio 1).
         old = batch.old_logprobs[sl] if batch.old_logprobs is not None else logp.detach()
         ref = batch.ref_logprobs[sl] if batch.ref_logprobs is not None else None
+        is_weights = batch.is_weights[sl] if batch.is_weights is not None else None
         return policy_objective(logp=logp, old_logp=old, ref_logp=ref, advantages=batch.advantages[sl],
-                                mask=mask[sl], entropy=entropy, algo=algo, normaliser=normaliser, n_tokens=n_tokens)
+                                mask=mask[sl], entropy=entropy, algo=algo, normaliser=normaliser, n_tokens=n_tokens,
+                                is_weights=is_weights)
 
     def _policy_step(self, batch: RolloutBatch, lr: float) -> dict[str, float]:
         mask = batch.response_mask[:, 1:].float()

@@ -18,9 +18,11 @@ import torch
 from unirl import metrics as M
 from unirl.batch import RolloutBatch
 from unirl.config.derived import stage_needs
-from unirl.engine.collate import example_extras, pair_batch, sft_batch, text_batch
+from unirl.engine.collate import pair_batch, sft_batch, text_batch
 from unirl.engine.phases import PhaseTimer
+from unirl.engine.pipeline import GenerationQueue
 from unirl.engine.update import plan_update
+from unirl.algorithms.policy_loss import truncated_is_weights
 from unirl.errors import RunError
 from unirl.protocols import AlgorithmMath, EngineTrainer, ReplayBuffer, RewardFn, RolloutEngine, ScoreRequest, Task
 
@@ -36,6 +38,10 @@ class Components:
     #: the backend's math (``Backend.math()``): advantages and the KL placed in the reward are
     #: computed by the framework's own functions, the ones conformance L1 checks
     math: AlgorithmMath | None = None
+    #: the rollout batches requested ahead of training (``rollout.max_staleness``; engine mode)
+    queue: GenerationQueue | None = None
+    #: steps left in the stage, this one included (the queue requests nothing past the stage's end)
+    steps_left: int = 1
 
 
 def _timed_row(row: dict[str, float], tokens: float, timer: PhaseTimer, trainer: Any) -> dict[str, float]:
@@ -81,7 +87,9 @@ def score_request(recipe: Any) -> ScoreRequest:
     algo = recipe.algorithm
     # Behaviour log-probs are needed once the batch is reused or the KL enters the reward;
     # otherwise the single update is on-policy and the trainer uses the current ones.
-    return ScoreRequest(old_logprobs=algo.ppo_epochs * algo.mini_batches > 1 or algo.kl_reward_coef > 0,
+    # Truncated importance sampling weighs each token by pi_old / pi_rollout: pi_old is needed.
+    return ScoreRequest(old_logprobs=algo.ppo_epochs * algo.mini_batches > 1 or algo.kl_reward_coef > 0
+                        or algo.tis_cap is not None,
                         ref_logprobs=stage_needs(recipe, "rl").reference, values=algo.advantage == "gae")
 
 
@@ -113,10 +121,9 @@ def drop_failed_groups(rollout: RolloutBatch, divisor: int) -> tuple[RolloutBatc
 def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     algo, trainer = c.recipe.algorithm, c.trainer
     timer = PhaseTimer()
-    with timer("generate"):
-        examples = c.task.sample(stage.batch_size)
-        rollout = c.rollout.generate([ex.prompt for ex in examples], c.rollout.default_params(algo.group_size))
-        rollout.extras = example_extras(examples, algo.group_size)
+    with timer("generate"):  # the batch requested max_staleness updates ago (0: now), and the next ones
+        rollout = c.queue.next(c.task, stage.batch_size, algo.group_size, c.steps_left)
+    staleness = c.queue.staleness_row(rollout)
     with timer("reward"):
         rollout.rewards = torch.tensor(c.reward(rollout.prompts, rollout.completions, **rollout.extras),
                                        dtype=torch.float32)
@@ -149,11 +156,20 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
             kl = c.math.kl(batch.old_logprobs, batch.ref_logprobs, algo.kl_reward_estimator, algo.kl_clamp)
         batch.advantages, batch.returns = c.math.advantages_and_returns(algo, batch.rewards, mask, batch.group_index,
                                                                         batch.values, kl)
+        if algo.tis_cap is not None:  # truncated importance sampling against the rollout engine's log-probs
+            if batch.rollout_logprobs is None:
+                raise RunError(f"algorithm.tis_cap={algo.tis_cap} needs the rollout engine's log-probs, and "
+                               f"rollout {c.recipe.rollout.name!r} returned none (SamplingParams.logprobs). Use "
+                               f"rollout.name=hf_generate, or algorithm.tis_cap=null.")
+            batch.is_weights = truncated_is_weights(batch.old_logprobs, batch.rollout_logprobs, mask, algo.tis_cap)
     with timer("train"):
         row = trainer.update(batch, plan_update(algo, len(batch), lr))
     row["lr"] = lr
     with timer("weight_sync"):
         row.update(trainer.sync_weights(c.rollout))
+    c.queue.updated()
+    row.update(staleness)
+    row.update(c.queue.take_counts())
     resp_tokens = batch.response_mask.sum(-1).float()
     if skipped_groups is not None:
         row[M.REWARD_SKIPPED_GROUPS] = float(skipped_groups)

@@ -50,12 +50,20 @@ class HFGenerateRollout:
             sampling = ({"do_sample": False} if getattr(params, "greedy", False) else
                         {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p,
                          "top_k": params.top_k})
+            want_logprobs = getattr(params, "logprobs", False)
             out = self.model.generate(
                 input_ids=prompt_ids, attention_mask=prompt_mask, use_cache=True, **sampling,
                 max_new_tokens=params.max_new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                **({"output_logits": True, "return_dict_in_generate": True} if want_logprobs else {}),
             )
         finally:
             self.model.train(was_training)
+        sampled_logprobs = None
+        if want_logprobs:  # each sampled token's log-prob under the policy that sampled it (raw logits)
+            logits = torch.stack(out.logits, dim=1).float()  # [B, R, V]
+            out = out.sequences
+            chosen = out[:, prompt_ids.shape[1]:].unsqueeze(-1)
+            sampled_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1).cpu()
         out, prompt_mask = out.cpu(), prompt_mask.cpu()  # batches travel on the CPU
         p_len = prompt_ids.shape[1]
         response = out[:, p_len:]
@@ -68,11 +76,16 @@ class HFGenerateRollout:
         groups = torch.arange(self._next_group, self._next_group + n_groups).repeat_interleave(params.n)
         self._next_group += n_groups
         attention = torch.cat([prompt_mask, resp_mask], dim=1)
+        rollout_logprobs = None
+        if sampled_logprobs is not None:  # on the target grid: slot t - 1 scores token t
+            rollout_logprobs = torch.zeros(out.shape[0], out.shape[1] - 1)
+            rollout_logprobs[:, p_len - 1:] = sampled_logprobs * resp_mask
         return RolloutBatch(
             input_ids=out, attention_mask=attention,
             response_mask=torch.cat([torch.zeros_like(prompt_mask), resp_mask], dim=1),
             group_index=groups, prompt_len=p_len,
             prompts=[p for p in prompts for _ in range(params.n)], completions=completions,
+            rollout_logprobs=rollout_logprobs,
         )
 
     def load_weights(self, weights: Any) -> None:

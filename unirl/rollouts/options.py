@@ -31,11 +31,15 @@ class RolloutPolicy:
     """Keys every ``rollout`` section takes, whatever its engine."""
 
     workers: int = 1  # with distributed.ray.enabled: Ray actors, each with its own engine; else 1 (in process)
+    #: generation runs ahead of training by up to this many policy versions (0: synchronous)
+    max_staleness: int = 0
 
     @staticmethod
     def validate(cfg: RolloutPolicy, recipe: Any = None) -> str | None:
         if cfg.workers < 1:
             return f"workers={cfg.workers} must be at least 1."
+        if cfg.max_staleness < 0:
+            return f"max_staleness={cfg.max_staleness} must be >= 0 (0: generate each batch after the last update)."
         if cfg.workers > 1 and recipe is not None and not recipe.distributed.ray.enabled:
             return (f"workers={cfg.workers} runs rollout engines as Ray actors: set distributed.ray.enabled=true "
                     f"(or rollout.workers=1 to generate in this process).")

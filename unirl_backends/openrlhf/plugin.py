@@ -38,7 +38,8 @@ CAPABILITIES = Capabilities(
         "algorithm.kl_loss_estimator": {"k1": N, "k2": N, "k3": N},
         "algorithm.kl_reward_estimator": {},
         "algorithm.kl_clamp": {},  # compute_approx_kl always clamps to [-10, 10]; no knob
-        "algorithm.dual_clip": {ON: N},  # --actor.dual_clip
+        "algorithm.dual_clip": {ON: N},
+        "algorithm.tis_cap": {},  # the framework has it; its training path does not take unirl's rollout log-probs yet  # --actor.dual_clip
         "algorithm.entropy_coef": {ON: N},  # --actor.entropy_coef
         "algorithm.value_clip": {},  # only with gae (unsupported)
         "algorithm.dpo_loss": {"sigmoid": N, "ipo": N},  # --model.ipo_enable

@@ -32,6 +32,7 @@ CAPABILITIES = Capabilities(
         "algorithm.kl_reward_estimator": {},
         "algorithm.kl_clamp": {},
         "algorithm.dual_clip": {},
+        "algorithm.tis_cap": {},  # vllm_importance_sampling_correction: only with TRL's own vLLM generation
         "algorithm.entropy_coef": {},  # TRL's bonus is a per-micro-batch token mean, whatever loss_type
         "algorithm.value_clip": {},
         "algorithm.dpo_loss": {"sigmoid": N},  # TRL's ipo divides the log-ratios by completion length
