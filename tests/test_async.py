@@ -124,3 +124,18 @@ def test_generation_ahead_with_truncated_importance_sampling_learns(k, tiny_mode
     assert last - first > 0.06
     assert [r[M.ASYNC_STALENESS_MAX] for r in rl[k:]] == [k] * (len(rl) - k)
     assert all(0.5 < r[M.TIS_WEIGHT_MEAN] < 1.5 for r in rl)
+
+
+def test_generation_ahead_is_refused_in_trainer_mode(tmp_path, capsys):
+    from unirl.plugin_manager import get_plugin_host
+
+    if "verl" not in get_plugin_host().registry.names("backend"):
+        pytest.skip("backend 'verl' is not installed")
+    capsys.readouterr()
+    assert main(["run", str(DEMO), "backend=verl", "backend_options.mode=trainer", "rollout.max_staleness=1",
+                 "stages=[{name: grpo, type: rl, steps: 2, batch_size: 4}]", "backend_options.dry_run=true",
+                 f"run.dir={tmp_path / 'r'}"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "rollout.max_staleness=1 lets unirl's rl step generate ahead of training, but backend 'verl' runs in " \
+           "trainer mode" in err
+    assert not (tmp_path / "r").exists()

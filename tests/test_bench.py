@@ -261,3 +261,26 @@ def test_the_in_process_a_b_pairs_every_measured_step(tiny_model_dir, tmp_path):
                                                      "backend=trl"])
         with pytest.raises(SystemExit, match="trainer mode"):
             measure_ab(trl, steps=2)
+
+
+def test_variants_are_labelled_entries_with_staleness_columns(capsys):
+    """``--variants``: a recipe override per entry (sync vs async, worker counts); the rows of a run
+    generating ahead give the staleness and dropped columns. Bad specs exit 2 before any run."""
+    from unirl.bench.runner import StageResult, layout_label, split_label, summarise, table_rows, BenchResult
+    from unirl.cli import main
+
+    label = layout_label("native", ["distributed.ray.enabled=true", "rollout.workers=2"])
+    assert label == "native[distributed.ray.enabled=true,rollout.workers=2]"
+    assert split_label(label) == ("native", ["distributed.ray.enabled=true", "rollout.workers=2"])
+    assert split_label("deepspeed[dp=2,zero_stage=3]") == ("deepspeed", ["parallel.dp=2", "parallel.zero_stage=3"])
+    rows = [{"stage_type": "rl", "step": i, M.TIME_STEP: 0.1, M.TIME_GENERATE: 0.05, M.TOKENS_GENERATED: 10.0,
+             M.ASYNC_STALENESS_MEAN: float(min(i - 1, 2)), M.ASYNC_DROPPED: 16.0 if i == 3 else 0.0} for i in (1, 2, 3, 4)]
+    (stage,) = summarise("native[rollout.max_staleness=2]", rows, warmup=1, devices=1)
+    assert stage.staleness.median == 2.0 and stage.staleness.low == 1.0 and stage.dropped == 16.0
+    header, body = table_rows(BenchResult("r", [stage.backend], 1, 4, 1, {}, stages=[stage]))
+    assert header[-2:] == ["staleness", "dropped"] and body[0][-1] == "16"
+    capsys.readouterr()
+    assert main(["bench", "configs/grpo_tiny.yaml", "--variants", "max_staleness=1"]) == 2
+    assert "is not KEY=VALUE with KEY a dotted recipe key" in " ".join(capsys.readouterr().err.split())
+    assert main(["bench", "configs/grpo_tiny.yaml", "--variants", "rollout.max_staleness=-1"]) == 2
+    assert "max_staleness=-1 must be >= 0" in " ".join(capsys.readouterr().err.split())

@@ -166,7 +166,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not backends:
         raise UsageError("--backends is empty: name one or more installed backends, e.g. --backends native,trl.")
-    backends += _layout_entries(args, backends)
+    plain = list(backends)
+    backends += _layout_entries(args, plain)
+    backends += _variant_entries(args, plain)
     for flag, value, low in (("--steps", args.steps, 1), ("--repeat", args.repeat, 1), ("--warmup", args.warmup, 0)):
         if value < low:
             raise UsageError(f"{flag}={value} must be >= {low}.")
@@ -232,6 +234,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     for backend, why in failed.items():
         console.print(f"{backend} failed: {why}", highlight=False, markup=False)
     return 1 if failed else 0
+
+
+def _variant_entries(args: argparse.Namespace, backends: list[str]) -> list[str]:
+    """``--variants``: each backend again with recipe overrides (a bench entry such as
+    ``native[rollout.max_staleness=1]``), each checked as a recipe before anything runs."""
+    from unirl.bench.runner import layout_label
+    from unirl.config import load_recipe
+
+    out: list[str] = []
+    for spec in args.variants or []:
+        items = [i.strip() for i in spec.split(",") if i.strip()]
+        bad = next((i for i in items if "=" not in i or "." not in i.partition("=")[0]), None)
+        if bad is not None or not items:
+            raise UsageError(f"--variants {spec!r}: {bad!r} is not KEY=VALUE with KEY a dotted recipe key (e.g. "
+                             f"--variants rollout.max_staleness=1 distributed.ray.enabled=true,rollout.workers=2).")
+        for backend in backends:
+            load_recipe(args.recipe, [*args.overrides, f"backend={backend}", *items])  # exit 2 on a bad value
+            out.append(layout_label(backend, items))
+    return out
 
 
 def _layout_entries(args: argparse.Namespace, backends: list[str]) -> list[str]:
@@ -343,6 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each backend again on each of these parallel layouts it runs, side by side with its own "
                         "(keys: dp, tp, pp, zero_stage, offload), e.g. --layouts dp=2 dp=2,zero_stage=3 tp=2; "
                         "each multi-rank entry runs once more with profile.collectives=true for its comm columns")
+    b.add_argument("--variants", nargs="+", metavar="KEY=V[,KEY=V]",
+                   help="each backend again with these recipe overrides, side by side with the plain run, e.g. "
+                        "--variants rollout.max_staleness=1 distributed.ray.enabled=true,rollout.workers=2 "
+                        "(sync vs async, worker counts; staleness and dropped samples are reported)")
     b.add_argument("--workdir", metavar="DIR", help="where the runs go (default: a new temporary folder)")
     b.set_defaults(func=_cmd_bench)
     exp = sub.add_parser("export", help="a checkpoint's policy (any backend) as a Hugging Face model directory",

@@ -317,7 +317,9 @@ class AlgorithmMath(Protocol):
 
     def policy_loss(self, algo: Any, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
                     advantages: torch.Tensor, mask: torch.Tensor, entropy: torch.Tensor | None,
-                    norm_length: int) -> torch.Tensor: ...
+                    norm_length: int, rollout_logp: torch.Tensor | None = None) -> torch.Tensor:
+        """The step's policy loss. ``rollout_logp`` (only passed when the backend claims
+        ``algorithm.tis_cap``): the rollout engine's log-probs, for truncated importance sampling."""
 
     def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                    clip: float | None) -> torch.Tensor: ...

@@ -15,6 +15,7 @@ from unirl.algorithms.advantages import compute_advantages
 from unirl.algorithms.aggregation import aggregate_loss, step_normaliser
 from unirl.algorithms.kl import kl_estimate
 from unirl.algorithms.objectives import policy_objective, value_objective
+from unirl.algorithms.policy_loss import truncated_is_weights
 from unirl.algorithms.preference import dpo_loss
 
 
@@ -39,11 +40,14 @@ class ReferenceMath:
 
     def policy_loss(self, algo: Any, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
                     advantages: torch.Tensor, mask: torch.Tensor, entropy: torch.Tensor | None,
-                    norm_length: int) -> torch.Tensor:
+                    norm_length: int, rollout_logp: torch.Tensor | None = None) -> torch.Tensor:
+        weights = None
+        if algo.get("tis_cap") is not None and rollout_logp is not None:
+            weights = truncated_is_weights(old_logp, rollout_logp, mask, algo.tis_cap)
         loss, _ = policy_objective(logp=logp, old_logp=old_logp, ref_logp=ref_logp, advantages=advantages, mask=mask,
                                    entropy=entropy, algo=algo,
                                    normaliser=step_normaliser(mask, algo.loss_agg, norm_length=norm_length),
-                                   n_tokens=float(mask.sum().clamp(min=1)))
+                                   n_tokens=float(mask.sum().clamp(min=1)), is_weights=weights)
         return loss
 
     def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,

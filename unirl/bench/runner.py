@@ -49,6 +49,10 @@ class StageResult:
     #: comm/* per step (profile.collectives on multi-rank runs): calls, bytes, time_s
     comm: dict[str, Stat] = field(default_factory=dict)
     rank_peak_memory_bytes: float = 0.0  # the largest peak RSS of the rank processes (parallel.dp > 1)
+    #: generation ahead of training (rollout.max_staleness > 0): staleness of the trained samples
+    #: (policy versions) and the sequences dropped as too old, over the measured steps
+    staleness: Stat | None = None
+    dropped: float | None = None
 
 
 @dataclass
@@ -100,7 +104,8 @@ def machine_info() -> dict[str, Any]:
 
 def layout_label(backend: str, layout: Sequence[str]) -> str:
     """The bench's name for ``backend`` on a layout: ``deepspeed[dp=2,zero_stage=3]`` for the
-    overrides ``parallel.dp=2 parallel.zero_stage=3``; the backend's name alone for none."""
+    overrides ``parallel.dp=2 parallel.zero_stage=3``; the backend's name alone for none. Other
+    recipe keys (``--variants``) keep their full name: ``native[rollout.max_staleness=1]``."""
     if not layout:
         return backend
     return f"{backend}[{','.join(item.removeprefix('parallel.') for item in layout)}]"
@@ -110,7 +115,7 @@ def split_label(label: str) -> tuple[str, list[str]]:
     """``(backend, parallel.* overrides)`` of a :func:`layout_label`."""
     name, _, rest = label.partition("[")
     items = [i for i in rest.removesuffix("]").split(",") if i]
-    return name, [i if i.startswith("parallel.") else f"parallel.{i}" for i in items]
+    return name, [i if "." in i.partition("=")[0] else f"parallel.{i}" for i in items]
 
 
 def _backend_args(label: str) -> list[str]:
@@ -170,7 +175,10 @@ def summarise(backend: str, rows: list[dict[str, Any]], warmup: int, devices: in
                                rate(M.TOKENS_GENERATED), rate(M.TOKENS_TRAINED), rate(tokens_key, per_device=True),
                                max(r.get(M.MEMORY_PEAK, 0) for r in measured), flops,
                                flops.median / (roofline * devices) if flops and roofline else None, comm,
-                               max((r.get(M.MEMORY_RANK_PEAK, 0.0) for r in measured), default=0.0)))
+                               max((r.get(M.MEMORY_RANK_PEAK, 0.0) for r in measured), default=0.0),
+                               Stat.of([r[M.ASYNC_STALENESS_MEAN] for r in measured if M.ASYNC_STALENESS_MEAN in r]),
+                               sum(r[M.ASYNC_DROPPED] for r in measured if M.ASYNC_DROPPED in r)
+                               if any(M.ASYNC_DROPPED in r for r in measured) else None))
     return out
 
 
@@ -474,9 +482,11 @@ def table_rows(result: BenchResult, ranges: bool = True) -> tuple[list[str], lis
     phases = [p for p in PHASE_METRICS if any(p in s.phases for s in result.stages)]
     with_comm = any(s.comm for s in result.stages)
     with_ranks = any(s.rank_peak_memory_bytes for s in result.stages)
+    with_async = any(s.staleness is not None for s in result.stages)
     header = ["backend", "stage", "steps", "step ms", *(f"{p} ms" for p in phases), "phases/step", "gen tok/s",
               "train tok/s", "tok/s/device", "TFLOP/s", "MFU", "peak MiB", "process s",
-              *(["rank peak MiB"] if with_ranks else []), *(["comm ms", "comm MiB"] if with_comm else [])]
+              *(["rank peak MiB"] if with_ranks else []), *(["comm ms", "comm MiB"] if with_comm else []),
+              *(["staleness", "dropped"] if with_async else [])]
     body = []
     for s in result.stages:
         body.append([s.backend, s.stage_type, str(s.steps), _f(s.step_s, 1e3),
@@ -486,7 +496,8 @@ def table_rows(result: BenchResult, ranges: bool = True) -> tuple[list[str], lis
                      f"{s.peak_memory_bytes / 2**20:.0f}", _f(result.process_s.get(s.backend)),
                      *([f"{s.rank_peak_memory_bytes / 2**20:.0f}" if s.rank_peak_memory_bytes else "-"]
                        if with_ranks else []),
-                     *([_f(s.comm.get("comm/time_s"), 1e3), comm_mib(s)] if with_comm else [])])
+                     *([_f(s.comm.get("comm/time_s"), 1e3), comm_mib(s)] if with_comm else []),
+                     *([_f(s.staleness), f"{s.dropped:.0f}" if s.dropped is not None else "-"] if with_async else [])])
     return header, body
 
 

@@ -22,7 +22,9 @@ from unirl.config.schema import RecipeConfig
 from unirl.engine.evaluation import due, evaluate
 from unirl.errors import ConfigError, PluginLoadError, RunError, UsageError
 
-#: Keys that may differ between a run and its resumption (they steer the process, not the math).
+#: Keys that may differ between a run and its resumption (they steer the process, not the math;
+#: ``rollout.max_staleness`` is the exception: a smaller bound drops saved batches older than it,
+#: counted in ``async/dropped``).
 #: ``parallel.*``: every backend checkpoints full (unsharded) states, so a run resumes on another
 #: number of data-parallel ranks, ZeRO stage or offload (backend=deepspeed), and (backend=megatron)
 #: on another tensor / pipeline layout.

@@ -24,6 +24,8 @@ def overrides_for(key: str, value: Any) -> list[str]:
         return [RL_STAGE, "algorithm.kl_loss_coef=0.1", "algorithm.kl_clamp=5.0"]
     if key == "algorithm.dual_clip":
         return [RL_STAGE, "algorithm.dual_clip=3.0"]
+    if key == "algorithm.tis_cap":
+        return [RL_STAGE, "algorithm.tis_cap=2.0"]
     if key == "algorithm.entropy_coef":
         return [RL_STAGE, "algorithm.entropy_coef=0.01"]
     if key == "algorithm.value_clip":

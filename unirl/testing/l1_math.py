@@ -45,6 +45,7 @@ def fixed_tensors() -> dict[str, Any]:
         "loss_mat": randn(B, L),
         "advantages": randn(B, L) * mask,
         "pi_c": randn(4) - 5, "pi_r": randn(4) - 5, "ref_c": randn(4) - 5, "ref_r": randn(4) - 5,
+        "rollout_logp": logp + randn(B, L) * 0.8,  # drawn last; some ratios old / rollout above the cap of 2
     }
 
 
@@ -133,6 +134,10 @@ def _specs() -> list[tuple[str, str, Any, str, Builder]]:
         ("policy_loss", "algorithm.dual_clip", ON, "policy_loss", lambda ctx, t: (
             {"algorithm.dual_clip": 3.0, "algorithm.loss_agg": _base_agg(ctx)},
             _policy(make_algo(ctx, loss_agg=_base_agg(ctx), dual_clip=3.0), t))),
+        ("policy_loss", "algorithm.tis_cap", ON, "policy_loss", lambda ctx, t: (
+            {"algorithm.tis_cap": 2.0, "algorithm.loss_agg": _base_agg(ctx)},
+            lambda m: m.policy_loss(make_algo(ctx, loss_agg=_base_agg(ctx), tis_cap=2.0), t["logp"], t["old_logp"], None,
+                                    t["advantages"], t["mask"], None, L, rollout_logp=t["rollout_logp"]))),
         ("policy_loss", "algorithm.entropy_coef", ON, "policy_loss", lambda ctx, t: (
             {"algorithm.entropy_coef": 0.01, "algorithm.loss_agg": _base_agg(ctx)},
             _policy(make_algo(ctx, loss_agg=_base_agg(ctx), entropy_coef=0.01), t, entropy=True))),

@@ -48,7 +48,8 @@ def group_order(group_index: torch.Tensor, group_size: int) -> list[int]:
 
 def policy_actor_loss(args: Any, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
                       advantages: torch.Tensor, mask: torch.Tensor, entropy: torch.Tensor | None,
-                      loss_batch_info: dict[str, Any] | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+                      loss_batch_info: dict[str, Any] | None = None, rollout_logp: torch.Tensor | None = None,
+                      ) -> tuple[torch.Tensor, dict[str, Any]]:
     """One micro-batch's actor loss, combined as ``PolicyActor.training_step`` does
     (``trainer/ray/ppo_actor.py``): ``PolicyLoss`` + ``kl_ctl * aggregate_loss(kl)`` (when
     ``--algo.kl.use_loss``) - ``entropy_coef * aggregate_loss(entropy)``; the KL and entropy
@@ -58,7 +59,16 @@ def policy_actor_loss(args: Any, logp: torch.Tensor, old_logp: torch.Tensor, ref
     policy = orl.loss.PolicyLoss(clip_eps_low=args.actor.eps_clip_low_high[0],
                                  clip_eps_high=args.actor.eps_clip_low_high[1], dual_clip=args.actor.dual_clip,
                                  token_level_loss=args.actor.loss_agg_mode == "token-mean",
-                                 policy_loss_type=args.actor.policy_loss_type)
+                                 policy_loss_type=args.actor.policy_loss_type,
+                                 # truncated IS against the rollout's log-probs, as ppo_actor.py:77-86 builds it
+                                 is_correction_level=args.algo.advantage.is_correction_level,
+                                 is_correction_mode=args.algo.advantage.is_correction_mode,
+                                 is_correction_gating=args.algo.advantage.is_correction_gating,
+                                 is_correction_threshold=tuple(args.algo.advantage.is_correction_threshold))
+    if args.algo.advantage.is_correction_level != "off":
+        if rollout_logp is None:
+            raise ValueError("--algo.advantage.is_correction_level needs the rollout's log-probs")
+        info = {**info, "rollout_log_probs": rollout_logp}
     actor_loss, clip_ratio, ppo_kl, _, _ = policy(logp, old_logp, advantages, action_mask=mask, **info)
     stats: dict[str, Any] = {"actor_loss": actor_loss.detach(), "clip_ratio": clip_ratio, "ppo_kl": ppo_kl}
     loss = actor_loss
@@ -124,8 +134,9 @@ class OpenRLHFMath:
 
     def policy_loss(self, algo: Any, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
                     advantages: torch.Tensor, mask: torch.Tensor, entropy: torch.Tensor | None,
-                    norm_length: int) -> torch.Tensor:
-        return policy_actor_loss(ppo_args(algo), logp, old_logp, ref_logp, advantages, mask, entropy)[0]
+                    norm_length: int, rollout_logp: torch.Tensor | None = None) -> torch.Tensor:
+        return policy_actor_loss(ppo_args(algo), logp, old_logp, ref_logp, advantages, mask, entropy,
+                                 rollout_logp=rollout_logp)[0]
 
     def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                    clip: float | None) -> torch.Tensor:

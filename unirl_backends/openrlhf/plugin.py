@@ -39,7 +39,7 @@ CAPABILITIES = Capabilities(
         "algorithm.kl_reward_estimator": {},
         "algorithm.kl_clamp": {},  # compute_approx_kl always clamps to [-10, 10]; no knob
         "algorithm.dual_clip": {ON: N},
-        "algorithm.tis_cap": {},  # the framework has it; its training path does not take unirl's rollout log-probs yet  # --actor.dual_clip
+        "algorithm.tis_cap": {ON: N},  # PolicyLoss is_correction_level=token, mode=clip, threshold (0, C)  # --actor.dual_clip
         "algorithm.entropy_coef": {ON: N},  # --actor.entropy_coef
         "algorithm.value_clip": {},  # only with gae (unsupported)
         "algorithm.dpo_loss": {"sigmoid": N, "ipo": N},  # --model.ipo_enable

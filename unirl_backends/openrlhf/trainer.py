@@ -188,7 +188,9 @@ class OpenRLHFTrainer:
                 entropy = entropy_from_logits(logits[:, :-1])
             old = batch.old_logprobs[sl] if batch.old_logprobs is not None else logp.detach()
             ref = batch.ref_logprobs[sl] if batch.ref_logprobs is not None else None
-            loss, stats = policy_actor_loss(self.args, logp, old, ref, batch.advantages[sl], mask[sl], entropy, info)
+            rollout = batch.rollout_logprobs[sl] if batch.rollout_logprobs is not None else None
+            loss, stats = policy_actor_loss(self.args, logp, old, ref, batch.advantages[sl], mask[sl], entropy, info,
+                                            rollout_logp=rollout)
             step.backward(loss)
             # each micro-batch's terms are already divided by the step's counts (times gas)
             w = 1.0 / len(slices)

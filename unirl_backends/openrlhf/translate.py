@@ -60,6 +60,10 @@ def ppo_argv(algo: Any, *, trainer: Any = None, rollout: Any = None, stage: Any 
         argv.append("--algo.kl.use_loss")
     if algo.dual_clip is not None:
         argv += ["--actor.dual_clip", str(algo.dual_clip)]
+    if algo.get("tis_cap") is not None:  # PolicyLoss: coef = clamp(exp(old - rollout), 0, C) on each token's loss
+        argv += ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "clip",
+                 "--algo.advantage.is_correction_gating", "ratio", "--algo.advantage.is_correction_threshold", "0",
+                 str(algo.tis_cap)]
     if algo.value_clip is not None:
         argv += ["--critic.value_clip", str(algo.value_clip)]
     if trainer is not None:
@@ -152,6 +156,8 @@ def read_back(native: dict[str, Any]) -> list[tuple[str, Any]]:
                     out += [("kl.placement", "in_reward"), ("algorithm.kl_reward_estimator", args.algo.kl.estimator)]
             if args.actor.dual_clip is not None:
                 out.append(("algorithm.dual_clip", ON))
+            if args.algo.advantage.is_correction_level == "token" and args.algo.advantage.is_correction_mode == "clip":
+                out.append(("algorithm.tis_cap", ON))
             if args.actor.entropy_coef:
                 out.append(("algorithm.entropy_coef", ON))
             if adv == "gae" and args.critic.value_clip is not None:

@@ -52,6 +52,20 @@ def actor_config(algo: Any, norm_length: int | None, *, micro_batch_size: int = 
     )
 
 
+def rollout_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                       cap: float) -> torch.Tensor:
+    """Token-level truncated importance weights ``min(pi_old / pi_rollout, cap)`` computed by verl's
+    rollout correction (``rollout_corr_helper.compute_rollout_correction_and_rejection_mask`` with
+    ``rollout_is="token"``, ``rollout_is_threshold=cap``), as verl's trainer adds them to a batch;
+    ``ppo_loss`` multiplies each token's policy loss by them (``core_algos.compute_policy_loss_vanilla``)."""
+    import_verl()
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    proto, _, _ = compute_rollout_correction_and_rejection_mask(old_logp, rollout_logp, mask, rollout_is="token",
+                                                                rollout_is_threshold=float(cap))
+    return proto.batch["rollout_is_weights"]
+
+
 def algo_config(algo: Any) -> Any:
     import_verl()
     from verl.trainer.config import AlgoConfig
@@ -105,8 +119,9 @@ class VerlMath:
 
     def policy_loss(self, algo: Any, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
                     advantages: torch.Tensor, mask: torch.Tensor, entropy: torch.Tensor | None,
-                    norm_length: int) -> torch.Tensor:
-        """verl's ``ppo_loss`` on one micro-batch holding the whole (single-rank) batch.
+                    norm_length: int, rollout_logp: torch.Tensor | None = None) -> torch.Tensor:
+        """verl's ``ppo_loss`` on one micro-batch holding the whole (single-rank) batch (with
+        ``algorithm.tis_cap`` and ``rollout_logp``: verl's truncated importance weights).
 
         The [B, L] tensors are laid out as verl's engine hands them over: a one-token prompt
         and an L-token response per row, log-probs (and entropy) as jagged per-sequence rows
@@ -126,6 +141,8 @@ class VerlMath:
                    "response_mask": mask, "old_log_probs": old_logp, "advantages": advantages}
         if ref_logp is not None and algo.kl_loss_coef > 0:
             tensors["ref_log_prob"] = ref_logp
+        if algo.get("tis_cap") is not None and rollout_logp is not None:
+            tensors["rollout_is_weights"] = rollout_is_weights(old_logp, rollout_logp, mask, algo.tis_cap)
         data = tu.get_tensordict(tensor_dict=tensors, non_tensor_dict={
             "dp_size": 1, "batch_num_tokens": mask.sum(), "global_batch_size": int((mask.sum(-1) > 0).sum())})
         output = {"log_probs": nested(torch.cat([logp, pad], dim=1))}

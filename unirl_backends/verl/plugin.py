@@ -37,7 +37,7 @@ CAPABILITIES = Capabilities(
         "algorithm.kl_reward_estimator": {"k1": N, "k2": N, "k3": N},
         "algorithm.kl_clamp": {},  # verl has no clamp knob: k3 is always clamped at 10, k1/k2 never
         "algorithm.dual_clip": {ON: N},
-        "algorithm.tis_cap": {},  # the framework has it; its training path does not take unirl's rollout log-probs yet  # actor.clip_ratio_c
+        "algorithm.tis_cap": {ON: N},  # rollout_correction (rollout_is=token) weights, applied in ppo_loss  # actor.clip_ratio_c
         "algorithm.entropy_coef": {ON: N},  # actor.entropy_coeff, aggregated like the loss
         "algorithm.value_clip": {},
         "algorithm.dpo_loss": {},

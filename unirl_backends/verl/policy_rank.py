@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from unirl.config.derived import loss_norm_length
+from unirl_backends.verl.math import rollout_is_weights
 from unirl_backends.verl.runtime import import_engine
 
 
@@ -212,6 +213,11 @@ class PolicyRank:
                               ("ref_logprobs", "ref_log_prob")):
             if shard.get(key) is not None:
                 tensors[verl_key] = shard[key][:, grid].float()
+        cap = self.recipe.algorithm.tis_cap
+        if cap is not None and shard.get("rollout_logprobs") is not None:  # ppo_loss weighs each token's loss
+            tensors["rollout_is_weights"] = rollout_is_weights(tensors["old_log_probs"],
+                                                               shard["rollout_logprobs"][:, grid].float(),
+                                                               tensors["response_mask"].float(), cap)
         data = tu.get_tensordict(tensor_dict=tensors, non_tensor_dict={
             "pad_mode": "no_padding", "temperature": 1.0, "pad_token_id": self.pad_token_id,
             "global_batch_size": global_batch_size, "calculate_entropy": True,

@@ -109,7 +109,8 @@ class VerlTrainer:
         if batch.old_logprobs is None:
             raise ValueError("update() needs batch.old_logprobs: verl trains against the behaviour log-probs that "
                              "score() returns")
-        fields = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "advantages", "ref_logprobs")
+        fields = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "advantages", "ref_logprobs",
+                  "rollout_logprobs")
         per_rank: list[list[dict[str, Any]]] = [[] for _ in range(self.ranks.world)]
         sizes, tokens = [], 0.0
         for index in plan.mini_batch_indices():

@@ -52,6 +52,9 @@ def ppo_overrides(recipe: Any, stage: Any, *, model_path: str, run_dir: str, opt
         f"{actor}.loss_scale_factor": loss_norm_length(recipe) if a.loss_agg == "seq_mean_token_sum_norm" else None,
         f"{actor}.clip_ratio": a.clip_low, f"{actor}.clip_ratio_low": a.clip_low, f"{actor}.clip_ratio_high": a.clip_high,
         f"{actor}.clip_ratio_c": a.dual_clip if a.dual_clip is not None else NO_DUAL_CLIP,
+        # truncated IS against the rollout's log-probs (rollout_corr_helper; applied in ppo_loss)
+        "algorithm.rollout_correction.rollout_is": "token" if a.get("tis_cap") is not None else None,
+        "algorithm.rollout_correction.rollout_is_threshold": float(a.tis_cap) if a.get("tis_cap") is not None else 2.0,
         f"{actor}.entropy_coeff": a.entropy_coef,
         f"{actor}.use_kl_loss": a.kl_loss_coef > 0,
         f"{actor}.kl_loss_coef": a.kl_loss_coef if a.kl_loss_coef > 0 else 0.001,
@@ -170,6 +173,9 @@ def read_back(native: dict[str, Any]) -> list[tuple[str, Any]]:
             out += [("kl.placement", "in_reward"), ("algorithm.kl_reward_estimator", _INV(KL)[algo.kl_penalty])]
         if actor.clip_ratio_c < NO_DUAL_CLIP:
             out.append(("algorithm.dual_clip", ON))
+        correction = algo.get("rollout_correction") or {}
+        if correction.get("rollout_is") == "token":
+            out.append(("algorithm.tis_cap", ON))
         if actor.entropy_coeff:
             out.append(("algorithm.entropy_coef", ON))
     return out
