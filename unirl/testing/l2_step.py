@@ -58,6 +58,12 @@ def _rl_batch(tokenizer: Any, model: Any, algo: Any) -> Any:
     batch.old_logprobs = logp0 + 0.3 * torch.randn(logp0.shape, generator=g) * mask
     batch.ref_logprobs = logp0 - 0.2 * torch.randn(logp0.shape, generator=g).abs() * mask
     batch.advantages, _ = compute_advantages(algo, scores=batch.rewards, mask=mask, group_index=batch.group_index)
+    # the rollout engine's log-probs (drawn last: the tensors above stay as they were)
+    batch.rollout_logprobs = (logp0 + 0.5 * torch.randn(logp0.shape, generator=g)) * mask
+    if algo.get("tis_cap") is not None:  # as the driver's rl step adds them (unirl.engine.stages.rl_step)
+        from unirl.algorithms.policy_loss import truncated_is_weights
+
+        batch.is_weights = truncated_is_weights(batch.old_logprobs, batch.rollout_logprobs, mask, algo.tis_cap)
     return batch
 
 
@@ -207,7 +213,7 @@ def _policy_loss(models: dict[str, Any], batch: Any, recipe: Any) -> Any:
                                ref_logp=batch.ref_logprobs if algo.kl_loss_coef > 0 else None,
                                advantages=batch.advantages, mask=mask, entropy=entropy, algo=algo,
                                normaliser=step_normaliser(mask, algo.loss_agg, norm_length=loss_norm_length(recipe)),
-                               n_tokens=float(mask.sum()))
+                               n_tokens=float(mask.sum()), is_weights=batch.is_weights)
     return loss
 
 
@@ -255,6 +261,8 @@ def _rl_case(ctx: KitContext, mode: str, layout: tuple[str, ...] = ()) -> CheckR
         extra.append("algorithm.dual_clip=3.0")
     if ctx.claims("algorithm.entropy_coef", "set"):
         extra.append("algorithm.entropy_coef=0.01")  # the bonus must reach the gradient
+    if ctx.claims("algorithm.tis_cap", "set"):
+        extra.append("algorithm.tis_cap=2.0")  # the rollout's log-probs weigh each token's loss
     if not ctx.claims("stages.type", "rl"):
         return ctx.skip("rl_step", _level(layout), "stages.type", "rl")
     if not ctx.claims("algorithm.loss_agg", mode):

@@ -65,11 +65,12 @@ def policy_actor_loss(args: Any, logp: torch.Tensor, old_logp: torch.Tensor, ref
                                  is_correction_mode=args.algo.advantage.is_correction_mode,
                                  is_correction_gating=args.algo.advantage.is_correction_gating,
                                  is_correction_threshold=tuple(args.algo.advantage.is_correction_threshold))
+    correction = {}
     if args.algo.advantage.is_correction_level != "off":
         if rollout_logp is None:
             raise ValueError("--algo.advantage.is_correction_level needs the rollout's log-probs")
-        info = {**info, "rollout_log_probs": rollout_logp}
-    actor_loss, clip_ratio, ppo_kl, _, _ = policy(logp, old_logp, advantages, action_mask=mask, **info)
+        correction = {"rollout_log_probs": rollout_logp}
+    actor_loss, clip_ratio, ppo_kl, _, _ = policy(logp, old_logp, advantages, action_mask=mask, **info, **correction)
     stats: dict[str, Any] = {"actor_loss": actor_loss.detach(), "clip_ratio": clip_ratio, "ppo_kl": ppo_kl}
     loss = actor_loss
     if args.algo.kl.use_loss and args.algo.kl.init_coef > 0:
