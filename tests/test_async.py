@@ -139,3 +139,38 @@ def test_generation_ahead_is_refused_in_trainer_mode(tmp_path, capsys):
     assert "rollout.max_staleness=1 lets unirl's rl step generate ahead of training, but backend 'verl' runs in " \
            "trainer mode" in err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_a_step_failing_before_the_update_checkpoints_the_last_completed_step(k, short_overrides, tmp_path,
+                                                                              monkeypatch, capsys):
+    """The rollout fails at global step 7 (after a checkpoint-free stretch since step 4): the run
+    goes back to the end of step 6 (data position, random state, queued batches) and checkpoints
+    it, exits 1 naming the error, and ``resume=auto`` ends identical to an uninterrupted run."""
+    from safetensors.torch import load_file
+
+    from unirl.rollouts.hf_generate import HFGenerateRollout
+
+    args = ["run", str(DEMO), *short_overrides, "checkpoint.every=0", f"rollout.max_staleness={k}"]
+    calm, hit = tmp_path / "calm", tmp_path / "hit"
+    assert main([*args, f"run.dir={calm}"]) == 0
+    real, calls = HFGenerateRollout.generate, {"n": 0}
+
+    def failing(self, prompts, params):
+        calls["n"] += 1
+        if calls["n"] == 3 + k:  # the request made during global step 7 (rl step 3)
+            raise ConnectionError("the rollout server went away")
+        return real(self, prompts, params)
+
+    monkeypatch.setattr(HFGenerateRollout, "generate", failing)
+    capsys.readouterr()
+    assert main([*args, f"run.dir={hit}"]) == 1
+    out = capsys.readouterr()
+    assert "checkpoint written at global step 6 (the last completed step)" in " ".join(out.out.split())
+    assert "ConnectionError: the rollout server went away" in " ".join(out.err.split())
+    assert (hit / "checkpoints" / "step-00000006").is_dir()
+    monkeypatch.setattr(HFGenerateRollout, "generate", real)
+    assert main([*args, f"run.dir={hit}", "resume=auto"]) == 0
+    assert [M.deterministic_view(r) for r in read_rows(hit)] == [M.deterministic_view(r) for r in read_rows(calm)]
+    a, b = load_file(str(calm / "model" / "model.safetensors")), load_file(str(hit / "model" / "model.safetensors"))
+    assert all(torch.equal(a[n], b[n]) for n in a)

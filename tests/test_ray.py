@@ -214,3 +214,31 @@ def test_async_run_on_ray_workers_killed_with_sigkill_resumes_with_its_saved_bat
     rl = [r for r in read_rows(hit) if r["stage_type"] == "rl"]
     assert all(r[M.ROLLOUT_SEQUENCES] == 16 and r[M.REWARD_SCORED] == 16 for r in rl)
     assert [r[M.ASYNC_STALENESS_MAX] for r in rl] == [0, 1, 2, 2, 2, 2]
+
+
+def test_a_rollout_pool_beyond_repair_exits_1_naming_the_ray_error_after_checkpointing(
+        ray_cluster, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """Workers that keep dying (the pool's retries spent): the run checkpoints the last completed
+    step, exits 1 and names Ray's error."""
+    from ray.exceptions import ActorDiedError
+
+    from unirl.distributed.ray_rollout import RayRolloutPool
+
+    real, calls = RayRolloutPool.collect, {"n": 0}
+
+    def dying(self, ticket):
+        calls["n"] += 1
+        if calls["n"] == 3:  # rl step 3, global step 7
+            raise ActorDiedError()
+        return real(self, ticket)
+
+    monkeypatch.setattr(RayRolloutPool, "collect", dying)
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["run", str(DEMO), *_short(tiny_model_dir), "checkpoint.every=0", "distributed.ray.enabled=true",
+                 "rollout.workers=2", f"run.dir={run}"]) == 1
+    out = capsys.readouterr()
+    assert "checkpoint written at global step 6" in " ".join(out.out.split())
+    assert "run failed at stage 'grpo' step 3: ActorDiedError" in " ".join(out.err.split())
+    assert json.loads((run / "run.json").read_text())["status"] == "failed"
+    assert (run / "checkpoints" / "step-00000006").is_dir()

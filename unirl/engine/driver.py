@@ -141,6 +141,7 @@ class Driver:
         self._loggers: list[Any] = []  # the recipe's loggers (built when the run's rows start)
         self._validation: list[Any] | None = None  # the task's validation examples (eval.every), read once
         self._ray: Any = None  # the run's Ray cluster (distributed.ray.enabled)
+        self._last_checkpoint = 0  # the global step of the newest checkpoint (0: none, or the run's start)
         self.capabilities = host.registry.get("backend", recipe.backend).capabilities or Capabilities()
         self.deviations = self.capabilities.deviations(recipe)
 
@@ -278,12 +279,16 @@ class Driver:
                     while not outcome:
                         parts.steps_left = stage.steps - state["stage_step"]
                         self._profiler.before(state["global_step"] + 1)
+                        before = self._step_snapshot(parts)
                         try:
                             row = STEP_FUNCTIONS[stage.type](parts, stage, lr)
                         except (FloatingPointError, StepSkipped) as exc:  # weights and optimizer untouched
                             self._profiler.after(state["global_step"] + 1)
                             self._skip_step(stage, state, exc)
                             continue
+                        except Exception:
+                            self._checkpoint_completed(parts, state, before, checkpoint)
+                            raise
                         state["nonfinite_in_a_row"] = 0
                         if state.get("nonfinite_skipped"):
                             row[M.SKIPPED_NONFINITE] = float(state["nonfinite_skipped"])
@@ -298,6 +303,49 @@ class Driver:
             if outcome[0] != "next_stage":
                 return outcome[0]
         return "completed"
+
+    @staticmethod
+    def _step_snapshot(parts: Any) -> dict[str, Any]:
+        """What a step changes before it calls the trainer (data position, random state, queued
+        batches, buffer, group numbering): restored when the step fails there."""
+        import copy
+
+        import torch
+
+        parts.trainer_touched = False
+        return {"task": copy.deepcopy(parts.task.state_dict()), "rng": torch.get_rng_state(),
+                "random": random.getstate(),
+                "rollout": copy.deepcopy(parts.rollout.state_dict()) if parts.rollout is not None else None,
+                "buffer": parts.buffer.state_dict() if parts.buffer is not None else None,
+                "queue": parts.queue.snapshot() if parts.queue is not None else None}
+
+    def _checkpoint_completed(self, parts: Any, state: dict[str, Any], before: dict[str, Any], checkpoint: Any) -> None:
+        """A step failed (a Ray worker pool that could not be repaired, a reward, the rollout) before it
+        changed the trainer: the run's state goes back to the end of the previous step, and that
+        step is checkpointed unless it already was, so ``resume=auto`` loses nothing and resumes
+        bit-exact. A failure inside the trainer's update leaves it half-changed: nothing is written."""
+        import torch
+
+        if parts.trainer_touched or state["global_step"] == self._last_checkpoint:
+            return
+        parts.task.load_state_dict(before["task"])
+        torch.set_rng_state(before["rng"])
+        random.setstate(before["random"])
+        if before["rollout"] is not None:
+            parts.rollout.load_state_dict(before["rollout"])
+        if before["buffer"] is not None:
+            parts.buffer.load_state_dict(before["buffer"])
+        if before["queue"] is not None:
+            parts.queue.restore(before["queue"])
+        try:
+            path = checkpoint()
+        except Exception as exc:  # noqa: BLE001 - the step's own failure is what the run reports
+            self.console.print(f"[yellow]the failed step's previous state could not be checkpointed:[/] "
+                               f"{type(exc).__name__}: {exc}", highlight=False)
+            return
+        self._last_checkpoint = state["global_step"]
+        self.console.print(f"checkpoint written at global step {state['global_step']} (the last completed step): "
+                           f"{path}", highlight=False)
 
     def _skip_step(self, stage: Any, state: dict[str, Any], exc: Exception) -> None:
         """A step with a non-finite loss or gradient (FloatingPointError), or whose every group's
@@ -361,6 +409,7 @@ class Driver:
         if stage_done or stopping or signalled or (every and state["global_step"] % every == 0):
             t0 = time.perf_counter()
             checkpoint()
+            self._last_checkpoint = state["global_step"]
             self._checkpoint_s = time.perf_counter() - t0
         if signalled:
             self.console.print(f"{self._signal}: checkpoint written at global step "
@@ -425,6 +474,7 @@ class Driver:
         state = {"stage_index": 0, "stage_step": 0, "global_step": 0, "metrics_lines": 0}
         status, exported, writer, t_start = "failed", {}, None, time.perf_counter()
         self.current_stage = None
+        self._last_checkpoint = 0
         self._parts = self._trainer = None
         self._loggers = []
         restore_signals = self._install_signal_handlers()
@@ -434,6 +484,7 @@ class Driver:
             if resume_from is not None:
                 state = self._restore(parts, resume_from)
                 restored = True
+                self._last_checkpoint = state["global_step"]
             writer = M.MetricsWriter(run_dir / "metrics.jsonl", keep_lines=state["metrics_lines"])
             from unirl.loggers import build_loggers
 

@@ -114,6 +114,14 @@ class GenerationQueue:
         """The policy was updated and pushed to the rollout: a new version."""
         self.version += 1
 
+    def snapshot(self) -> Any:
+        """What :meth:`restore` needs to undo a step that failed (the requests are kept as they are)."""
+        return self.version, deque(self._requests), self._dropped
+
+    def restore(self, snapshot: Any) -> None:
+        self.version, requests, self._dropped = snapshot
+        self._requests = deque(requests)
+
     def state_dict(self) -> dict[str, Any]:
         """The version and every batch of the queue (waiting for those in flight)."""
         return {"version": self.version,

@@ -42,6 +42,9 @@ class Components:
     queue: GenerationQueue | None = None
     #: steps left in the stage, this one included (the queue requests nothing past the stage's end)
     steps_left: int = 1
+    #: set by a step function right before it calls the trainer to change weights: a step that fails
+    #: before that point left the trainer as the previous step did (the driver checkpoints it)
+    trainer_touched: bool = False
 
 
 def _timed_row(row: dict[str, float], tokens: float, timer: PhaseTimer, trainer: Any) -> dict[str, float]:
@@ -59,6 +62,7 @@ def _lm_step(c: Components, stage: Any, lr: float, make_batch: Any, loss_key: st
     with timer("data"):
         batch = make_batch(c.task.sample(stage.batch_size))
     with timer("train"):
+        c.trainer_touched = True
         row = c.trainer.supervised_step(stage.type, batch, lr)
     row[loss_key] = row.pop("loss/lm")
     return _timed_row(row, float(batch.attention_mask.sum()), timer, c.trainer)
@@ -78,6 +82,7 @@ def _pair_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     with timer("data"):
         pairs = pair_batch(c.trainer.tokenizer, c.task.sample(stage.batch_size))
     with timer("train"):
+        c.trainer_touched = True
         row = c.trainer.supervised_step(stage.type, pairs, lr)
     return _timed_row(row, float(pairs.sequences.attention_mask.sum()), timer, c.trainer)
 
@@ -163,6 +168,7 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
                                f"rollout.name=hf_generate, or algorithm.tis_cap=null.")
             batch.is_weights = truncated_is_weights(batch.old_logprobs, batch.rollout_logprobs, mask, algo.tis_cap)
     with timer("train"):
+        c.trainer_touched = True
         row = trainer.update(batch, plan_update(algo, len(batch), lr))
     row["lr"] = lr
     with timer("weight_sync"):
