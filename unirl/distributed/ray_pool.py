@@ -5,7 +5,6 @@ the rollout pool (:mod:`unirl.distributed.ray_rollout`) and the reward pool
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 
@@ -20,12 +19,12 @@ class ActorBody:
 
 class ActorPool:
     """``n`` actors of ``body`` built with ``args`` (named ``unirl-KIND-<id>-<index>-<restarts>``, so
-    ``ray.get_actor`` finds them). ``on_replace(i)`` runs after worker ``i`` was replaced (the rollout
-    pool pushes the latest policy). ``take_counts`` reports what the workers answered (``answered``,
-    counted by the caller) under ``answered_key`` and the replacements under ``restarts_key``."""
+    ``ray.get_actor`` finds them). ``take_counts`` reports what the workers answered (``answered``,
+    counted by the caller) under ``answered_key`` and the replacements under ``restarts_key``. A
+    replacement starts as its predecessor did: each call carries what it needs (the rollout's
+    policy push travels with every generate call)."""
 
-    def __init__(self, body: type, args: tuple, n: int, *, kind: str, answered_key: str, restarts_key: str,
-                 on_replace: Callable[[int], None] | None = None) -> None:
+    def __init__(self, body: type, args: tuple, n: int, *, kind: str, answered_key: str, restarts_key: str) -> None:
         import uuid
 
         import ray
@@ -35,7 +34,6 @@ class ActorPool:
         self._args = args
         self._name = f"unirl-{kind}-{uuid.uuid4().hex[:8]}"
         self._keys = (answered_key, restarts_key)
-        self._on_replace = on_replace
         self.restarts = 0  # workers replaced after they died (killed, out of memory, crashed)
         self.answered, self._reported = 0, 0
         self.workers = [self._start(i) for i in range(n)]
@@ -58,8 +56,6 @@ class ActorPool:
         except Exception:  # noqa: BLE001 - already gone
             pass
         self.workers[i] = self._start(i)
-        if self._on_replace is not None:
-            self._on_replace(i)
 
     def submit(self, i: int, method: str, *args: Any) -> Any:
         return getattr(self.workers[i], method).remote(*args)
