@@ -183,8 +183,11 @@ def test_a_launched_rank_that_fails_names_itself_and_the_driver_stops(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(_FAILING_RANK)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    # torchrun stops the other ranks once it sees one fail (checked every --monitor-interval, 0.1 s by
+    # default): under load that SIGTERM could land before the driver printed the error it got (a CI
+    # run saw empty stdout). 5 s leaves the driver time to report and exit on its own.
     got = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                          str(script)], capture_output=True, text=True, env=env, timeout=120)
+                          "--monitor-interval=5", str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert "unirl: rank 1 failed in step:" in got.stderr and "ValueError: planted failure on rank 1" in got.stderr
     assert "driver: probe step failed on rank 0" in got.stdout and "its traceback is printed above" in got.stdout
     assert got.returncode != 0
