@@ -60,15 +60,14 @@ class RolloutWorker(ActorBody):
         else:
             torch.manual_seed(seed)
         batch = self.engine.generate(prompts, params)
-        return batch, torch.get_rng_state(), self.version
+        return batch, torch.get_rng_state()
 
     def default_params(self, n: int) -> SamplingParams:
         return self.engine.default_params(n)
 
-    def load_weights(self, weights: Any, version: int) -> int:
+    def load_weights(self, weights: Any, version: int) -> None:
         self.engine.load_weights(weights)
         self.version = version
-        return version
 
 
 class RayRolloutPool:
@@ -125,10 +124,9 @@ class RayRolloutPool:
         if ticket["travel"]:
             torch.set_rng_state(answers[0][1])
         parts = []
-        for (part, _, _), lo in zip(answers, ticket["bounds"]):
+        for (part, _), lo in zip(answers, ticket["bounds"]):
             part.group_index = part.group_index - part.group_index.min() + ticket["first_group"] + lo
             parts.append(part)
-        self.versions = [v for _, _, v in answers]
         return RolloutBatch.concat(parts, pad_id=self.pad_id)
 
     def count_sequences(self, n: int) -> None:

@@ -46,9 +46,6 @@ class GenerationQueue:
         self._requests: deque[_Request] = deque()
         self._dropped = 0
 
-    def __len__(self) -> int:
-        return len(self._requests)
-
     def _params(self, group_size: int) -> Any:
         params = self.rollout.default_params(group_size)
         if self.want_logprobs:
