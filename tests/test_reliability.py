@@ -509,3 +509,85 @@ def test_keep_last_k_never_deletes_the_checkpoint_just_written(tmp_path):
     shutil.copytree(tmp_path / "checkpoints" / "step-00000002", tmp_path / "checkpoints" / "step-00000009")
     written = save(3)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000003", "step-00000009"] and written.is_dir()
+
+
+def _hub(monkeypatch, answer):
+    """The hub as this test needs it, never the network: ``answer`` is True/False or an exception."""
+    import huggingface_hub
+
+    def repo_exists(self, repo_id, *, repo_type=None, **kw):
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_exists", repo_exists)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("model.path=configs/grpo_tiny.yaml", "is a file, not a folder"),  # the wrong kind of thing
+    ("model.path=configs", "is a folder without config.json"),
+    ("reward={name: reward_model, path: configs/grpo_tiny.yaml}", "reward.path='configs/grpo_tiny.yaml': is a file"),
+    ("task={name: text_file, path: configs}", "task.path='configs': is a folder, not a file"),
+    ("reward={name: llm_judge, path: ./rns/model}", "there is no folder"),  # local-looking: never the hub
+    ("model.path=rus/model", "could not be reached"),  # a relative typo that looks like org/name
+    ("reward={name: llm_judge, path: rns/model}", "could not be reached"),
+    ("task={name: dataset, path: dta/train}", "could not be reached"),
+    ("trainer.lr=[1", "is not valid YAML"),
+    ("'stages.1={name: x'", "is not valid YAML"),
+])
+def test_a_path_of_the_wrong_kind_a_typo_or_a_bad_override_exits_2_at_load(override, expected, monkeypatch, capsys):
+    """Every path a recipe names is checked at load for the kind of thing it must be; one that looks
+    like org/name but is not here is asked of the hub once (here: unreachable), never retried for
+    ~50 s by a framework after the model was built; an override that is not YAML is a ConfigError."""
+    import httpx
+
+    _hub(monkeypatch, httpx.ConnectError("[Errno -2] Name or service not known"))
+    monkeypatch.chdir(ROOT)
+    capsys.readouterr()
+    assert main(["run", str(DEMO), override, "run.dir=/nonexistent/never-written"]) == 2
+    err = _err(capsys)
+    assert expected in err, err
+    if "reached" in expected:
+        assert "check its spelling" in err and "ConnectError" in err
+
+
+def test_a_hub_id_the_hub_does_not_have_exits_2(monkeypatch, capsys):
+    _hub(monkeypatch, False)
+    capsys.readouterr()
+    assert main(["run", str(DEMO), "model.path=nobody-here/no-such-model", "run.dir=/nonexistent/x"]) == 2
+    assert "the Hugging Face hub has no model 'nobody-here/no-such-model'" in _err(capsys)
+
+
+def test_an_override_naming_another_plugin_starts_its_section_afresh(tmp_path, capsys):
+    """task.name=text_file over the demo's arithmetic task: the file's arithmetic options are that
+    plugin's and are dropped (a Hydra group swap), not reported as unknown keys of text_file."""
+    from unirl.config import load_recipe
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("one line\n")
+    cfg = load_recipe(DEMO, [f"task={{name: text_file, path: {corpus}}}", "reward.isolation=process"])
+    assert dict(cfg.task) == {"name": "text_file", "path": str(corpus)}
+    assert cfg.reward.isolation == "process"
+    cfg = load_recipe(DEMO, ["reward.name=format", "reward.isolation=process"])
+    assert cfg.reward.name == "format" and cfg.reward.isolation == "process"
+
+
+def test_an_unreadable_checkpoint_without_a_manifest_is_skipped_and_named(short_overrides, tmp_path, capsys):
+    """A checkpoint whose damage no manifest tells (one written before manifests): resume names it and
+    the file on the terminal and in run.json, resumes from the one before, and ends as an
+    uninterrupted run does."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert _run([*short_overrides, f"run.dir={full}"]) == 0
+    assert _run([*short_overrides, f"run.dir={part}", "run.stop_after=6"]) == 0
+    newest = part / "checkpoints" / "step-00000006"
+    (newest / "manifest.json").unlink()
+    (newest / "rng.pt").write_bytes(b"garbage")
+    capsys.readouterr()
+    assert _run([*short_overrides, f"run.dir={part}", "resume=auto"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "step-00000006: rng.pt cannot be read" in out and "resuming from" in out and "step-00000004" in out
+    skipped = json.loads((part / "run.json").read_text())["skipped_checkpoints"]
+    assert len(skipped) == 1 and skipped[0].startswith("step-00000006: rng.pt cannot be read")
+    a, b = load_file(str(full / "model" / "model.safetensors")), load_file(str(part / "model" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -105,14 +105,22 @@ def test_missing_recipe_file():
 
 def test_model_path_that_does_not_exist(tmp_path: Path):
     err, msg = _err([f"model.path={tmp_path}/no/such/model"])
-    assert err.key == "model.path" and "does not exist" in msg and "model.path=null" in msg
+    assert err.key == "model.path" and "there is no folder" in msg and "model.path=null" in msg
     (tmp_path / "empty").mkdir()
     _, msg = _err([f"model.path={tmp_path}/empty"])
     assert "is a folder without config.json" in msg and "save_pretrained" in msg
 
 
-def test_hub_id_is_accepted_without_a_local_folder():
+def test_hub_id_is_accepted_without_a_local_folder(monkeypatch):
+    """A hub id is asked of the hub once at load (here a stand-in that has it)."""
+    import huggingface_hub
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_exists",
+                        lambda self, repo_id, repo_type=None, **kw: asked.append((repo_id, repo_type)) or True)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     assert load_recipe(DEMO, ["model.path=Qwen/Qwen2.5-0.5B"]).model.path == "Qwen/Qwen2.5-0.5B"
+    assert asked == [("Qwen/Qwen2.5-0.5B", "model")]
 
 
 def test_malformed_override():

@@ -220,21 +220,56 @@ def verify(ckpt: Path) -> str | None:
     return None
 
 
+def load_resumable(run_dir: str | Path, newest: Path) -> tuple[Path, dict[str, Any], list[str]]:
+    """Load ``newest`` (what :func:`find_resumable` chose); a checkpoint that cannot be read (damaged
+    without a manifest to tell, e.g. one written before manifests) is skipped with a sentence naming
+    it and why, and the one before it is tried. Returns the checkpoint loaded, its contents and the
+    sentences; none readable is a ConfigError (exit 2) naming each."""
+    from unirl.errors import ConfigError
+
+    problems: list[str] = []
+    older = [c for c in reversed(list_checkpoints(run_dir)) if _step_of(c) <= _step_of(newest)]
+    for ckpt in older:
+        bad = verify(ckpt) if ckpt != newest else None
+        if bad is None:
+            try:
+                return ckpt, load_checkpoint(ckpt), problems
+            except RunError as exc:
+                cause = exc.__cause__ if exc.__cause__ is not None else exc
+                file = str(exc).split(" could not be read: ", 1)[-1].split(":", 1)[0]
+                bad = f"{file} cannot be read ({type(cause).__name__}: {' '.join(str(cause).split())[:120]})"
+        problems.append(f"{ckpt.name}: {bad}; skipped")
+    raise ConfigError(f"resume=auto: no checkpoint in {str(checkpoint_dir(run_dir))!r} can be read ({'; '.join(problems)}). "
+                      f"Nothing was changed. Start over with run.overwrite=true, or choose another run.dir.",
+                      key="resume", value="auto")
+
+
+def _step_of(ckpt: Path) -> int:
+    return int(ckpt.name[len(_PREFIX):])
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Everything :func:`save_checkpoint` wrote, as ``{"trainer", "state", "buffer", "rng"}``."""
+    """Everything :func:`save_checkpoint` wrote, as ``{"trainer", "state", "buffer", "rng", "pending"}``;
+    a file that cannot be read is a RunError naming it."""
     path = Path(path)
+    current = "trainer.pt"
+
+    def pt(name: str) -> Any:
+        nonlocal current
+        current = name
+        return torch.load(path / name, weights_only=True, map_location="cpu")
+
     try:
-        trainer_state: dict[str, Any] = torch.load(path / "trainer.pt", weights_only=True, map_location="cpu")
-        trainer_state["models"] = {f.name[len("model-"):-len(".safetensors")]: load_file(str(f))
-                                   for f in sorted(path.glob(_MODEL_FILE.format("*")))}
-        return {
-            "trainer": trainer_state,
-            "state": json.loads((path / "state.json").read_text()),
-            "buffer": torch.load(path / "buffer.pt", weights_only=True, map_location="cpu"),
-            "rng": torch.load(path / "rng.pt", weights_only=True, map_location="cpu"),
-            "pending": (torch.load(path / "pending.pt", weights_only=True, map_location="cpu")
-                        if (path / "pending.pt").exists() else None),
-        }
+        trainer_state: dict[str, Any] = pt("trainer.pt")
+        models = {}
+        for f in sorted(path.glob(_MODEL_FILE.format("*"))):
+            current = f.name
+            models[f.name[len("model-"):-len(".safetensors")]] = load_file(str(f))
+        trainer_state["models"] = models
+        current = "state.json"
+        state = json.loads((path / "state.json").read_text())
+        return {"trainer": trainer_state, "state": state, "buffer": pt("buffer.pt"), "rng": pt("rng.pt"),
+                "pending": pt("pending.pt") if (path / "pending.pt").exists() else None}
     except Exception as exc:  # noqa: BLE001
-        raise RunError(f"checkpoint {str(path)!r} could not be read ({type(exc).__name__}: {exc}). Delete it to "
-                       f"resume from the one before, or start over with run.overwrite=true.") from exc
+        raise RunError(f"checkpoint {str(path)!r} could not be read: {current}: {type(exc).__name__}: {exc}. Delete "
+                       f"it to resume from the one before, or start over with run.overwrite=true.") from exc

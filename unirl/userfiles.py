@@ -8,8 +8,12 @@ gave it, what is wrong and what to do, before any heavy work. Checkpoints are re
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 from unirl.errors import ConfigError
 
@@ -70,3 +74,128 @@ def read_text(path: str | os.PathLike[str], *, key: str, fix: str) -> str:
                     fix) from None
     except OSError as exc:
         raise _fail(key, path, f"cannot be read ({exc.strerror or exc})", fix) from None
+
+
+# --------------------------------------------------------------------------- paths a recipe names
+
+
+class PathKind(str, enum.Enum):
+    """What a recipe path must name. A config class declares it per field with :func:`path_field`,
+    and the recipe loader checks every such field of every section before anything is built."""
+
+    FILE = "file"  # a readable regular file
+    TEXT = "text"  # a readable UTF-8 text file
+    FOLDER = "folder"  # a folder
+    MODEL = "model"  # a Hugging Face model folder (config.json) or a hub model id (org/name)
+    DATA = "data"  # a data file, a folder of them, a save_to_disk folder or a hub dataset id
+
+
+#: the dataclass field metadata key that marks a recipe path and its :class:`PathKind`
+PATH_METADATA = "unirl_path"
+
+
+def path_field(kind: PathKind, default: str | None = "", *, fix: str) -> Any:
+    """A dataclass field holding a path of ``kind``: ``path: str = path_field(PathKind.MODEL,
+    fix="Give ...")``. The loader checks it at recipe load (exit 2 naming the key and ``fix``); an
+    empty or null value is not checked (the class's ``validate`` says whether one is required)."""
+    return dataclasses.field(default=default, metadata={PATH_METADATA: kind, "fix": fix})
+
+
+def declared_paths(config_class: type) -> list[tuple[str, PathKind, str]]:
+    """``(field name, kind, fix)`` for each :func:`path_field` of a config dataclass."""
+    if not dataclasses.is_dataclass(config_class):
+        return []
+    return [(f.name, f.metadata[PATH_METADATA], f.metadata.get("fix", "")) for f in dataclasses.fields(config_class)
+            if PATH_METADATA in f.metadata]
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+#: suffixes of files a recipe names: a path ending so is local, never a hub id
+_FILE_SUFFIXES = (".json", ".jsonl", ".yaml", ".yml", ".parquet", ".csv", ".arrow", ".txt", ".py", ".safetensors",
+                  ".bin", ".pt")
+
+
+def looks_local(path: str) -> bool:
+    """Whether ``path`` can only mean a place on this machine: absolute, ``./``, ``../`` or ``~``, an
+    existing first component (``runs/x`` with a ``runs/`` folder here), a file suffix, or more than
+    ``org/name``. Only a path that does not look local is ever looked up on the Hugging Face hub."""
+    p = str(path)
+    if p.startswith((os.sep, ".", "~")) or os.path.exists(os.path.expanduser(p)):
+        return True
+    if not _HUB_ID.fullmatch(p) or p.lower().endswith(_FILE_SUFFIXES):
+        return True
+    return Path(p.split("/")[0]).exists()
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def _in_hub_cache(repo_id: str, repo_type: str) -> bool:
+    try:
+        from huggingface_hub import scan_cache_dir, try_to_load_from_cache
+    except ImportError:
+        return False
+    if repo_type == "model":
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    try:
+        return any(r.repo_id == repo_id and r.repo_type == repo_type for r in scan_cache_dir().repos)
+    except Exception:  # noqa: BLE001 - no cache folder yet
+        return False
+
+
+def check_hub(path: str, *, key: str, repo_type: str, fix: str) -> None:
+    """A hub id that is not on this machine, asked of the hub once (no retries): a ConfigError
+    at once when the hub is unreachable or has no such repository, instead of a framework's
+    retries (about 50 s) and a failure after the model was built."""
+    if _in_hub_cache(path, repo_type):
+        return
+    here = f"there is no {str(Path(path).resolve())!r} here"
+    if _offline():
+        raise _fail(key, path, f"{here}, and HF_HUB_OFFLINE is set, so the hub is not asked (not in the hub cache "
+                               f"either)", fix)
+    try:
+        from huggingface_hub import HfApi
+    except ImportError:
+        raise _fail(key, path, f"{here}, and huggingface_hub is not installed to look for it on the hub", fix) from None
+    try:
+        found = HfApi().repo_exists(path, repo_type=repo_type)
+    except Exception as exc:  # noqa: BLE001 - connection refused, DNS, timeout, HTTP errors
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise _fail(key, path, f"{here}, and the Hugging Face hub could not be reached to look for the {repo_type} "
+                               f"{path!r} ({type(exc).__name__}: {first}). If it is a local path, check its spelling; if "
+                               f"it is on the hub, check the network (or download it first)", fix) from None
+    if not found:
+        raise _fail(key, path, f"{here}, and the Hugging Face hub has no {repo_type} {path!r} (a private one needs "
+                               f"HF_TOKEN)", fix)
+
+
+def check_path(path: str, *, key: str, kind: PathKind, fix: str) -> None:
+    """``path`` names the kind of thing ``kind`` says, else a ConfigError naming ``key``, the
+    path, what is wrong and ``fix``. A local-looking path (:func:`looks_local`) is never asked of
+    the hub; a hub id is asked once (:func:`check_hub`)."""
+    kind = PathKind(kind)
+    if kind is PathKind.FILE:
+        check_file(path, key=key, fix=fix)
+    elif kind is PathKind.TEXT:
+        check_text(path, key=key, fix=fix)
+    elif kind is PathKind.FOLDER:
+        check_dir(path, key=key, fix=fix)
+    elif not looks_local(path):
+        check_hub(path, key=key, repo_type="model" if kind is PathKind.MODEL else "dataset", fix=fix)
+    elif kind is PathKind.MODEL:
+        p = Path(os.path.expanduser(path))
+        if not p.exists():
+            first = Path(path.split("/")[0])
+            where = (f"there is no folder {str(p.resolve())!r}"
+                     + (f" (its parent {str(first)!r} exists here, so this is not taken for a hub id)"
+                        if first.is_dir() and not path.startswith(('.', os.sep, '~')) else ""))
+            raise _fail(key, path, where, fix)
+        check_dir(path, key=key, fix=fix, must_hold="config.json")
+    else:  # DATA: a readable file or folder; what is in it is the task's to check
+        p = Path(os.path.expanduser(path))
+        if not p.exists():
+            where = f" (looked in {os.getcwd()!r})" if not p.is_absolute() else ""
+            raise _fail(key, path, f"no such file or folder{where}", fix)
+        if not os.access(p, os.R_OK):
+            raise _fail(key, path, "cannot be read (permission denied)", fix)

@@ -98,7 +98,15 @@ def _parse_override(item: str) -> tuple[str, Any]:
     key, raw = item.split("=", 1)
     key = key.strip()
     # OmegaConf's own YAML reading, so 1e-3 is a float and null is None, as in a recipe file.
-    return key, OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))["v"]
+    try:
+        return key, OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))["v"]
+    except Exception as exc:  # noqa: BLE001 - yaml's scanner/parser errors, OmegaConf's grammar errors
+        problem = " ".join(str(exc).split())[:240]
+        raise ConfigError(
+            f"override {item!r}: the value {raw!r} is not valid YAML ({type(exc).__name__}: {problem}). Quote the "
+            f"whole argument for the shell and write the value as in a recipe file, e.g. "
+            f"'{key}=[1, 2]' or '{key}={{name: x, option: 1}}'; a string with YAML characters goes in quotes: "
+            f"{key}='\"a: b\"'.", key=key, value=raw) from None
 
 
 # --------------------------------------------------------------------------- errors
@@ -171,8 +179,37 @@ def _check_list_indices(cfg: Any, key: str, value: Any) -> None:
         walked.append(part)
 
 
+def _driver_keys(section: str) -> tuple[str, ...]:
+    """The keys of a component section that are the run's (the driver's), not the plugin's."""
+    if section == "reward":
+        from unirl.rewards.policy import POLICY_KEYS
+
+        return POLICY_KEYS
+    if section == "rollout":
+        from unirl.rollouts.options import ROLLOUT_POLICY_KEYS
+
+        return ROLLOUT_POLICY_KEYS
+    return ()
+
+
+def _swap_component(cfg: Any, key: str, value: Any) -> None:
+    """An override that names another plugin for a component section (``task.name=dataset`` or
+    ``task={name: dataset, ...}``) starts that section afresh, as a Hydra config-group swap does:
+    the options the recipe gave the previous plugin are its own and are dropped (the driver's keys,
+    such as ``reward.isolation``, stay)."""
+    section, _, leaf = key.partition(".")
+    if section not in COMPONENT_SECTIONS or leaf not in ("", "name"):
+        return
+    new = value.get("name") if leaf == "" and isinstance(value, dict) else value if leaf == "name" else None
+    if not isinstance(new, str) or new == cfg[section].get("name"):
+        return
+    kept = {k: v for k, v in OmegaConf.to_container(cfg[section]).items() if k in _driver_keys(section)}
+    cfg[section] = {"name": new, **kept}
+
+
 def _update_checked(cfg: Any, key: str, value: Any) -> None:
     _check_list_indices(cfg, key, value)
+    _swap_component(cfg, key, value)
     try:
         OmegaConf.update(cfg, key, value, merge=True)
     except (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError, oc_errors.ValidationError) as exc:
@@ -373,6 +410,11 @@ def _validate_options(data: dict[str, Any], config_class: type | None, section: 
         key = getattr(exc, "full_key", None) or ""
         raise _translate(exc, schema, key, flatten(data).get(key), "", prefix=f"{section}.") from None
     result = OmegaConf.to_container(schema)
+    from unirl.userfiles import check_path, declared_paths
+
+    for name, kind, fix in declared_paths(config_class):  # every path a section names, before its validate
+        if result.get(name):
+            check_path(result[name], key=f"{section}.{name}", kind=kind, fix=fix)
     check = getattr(config_class, "validate", None)
     if check is not None:
         options = config_class(**{f.name: result[f.name] for f in dataclasses.fields(config_class)})
@@ -456,45 +498,14 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
                               reason=f"the framework fixes it at {fixed.value!r}: {fixed.where}{hint}", fix=fix)
 
 
-def _looks_like_hub_id(path: str) -> bool:
-    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", path)) and not path.startswith((".", "~"))
-
-
-def _in_hub_cache(repo_id: str) -> bool:
-    """Whether the Hugging Face cache holds ``repo_id``'s config (usable offline)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return False
-    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-
-
 def _check_model_path(cfg: Any) -> None:
-    path = cfg.model.path
-    if path is None:
+    if cfg.model.path is None:
         return
-    from unirl.userfiles import check_dir
+    from unirl.userfiles import PathKind, check_path
 
-    local = Path(os.path.expanduser(path))
-    if local.exists():
-        check_dir(path, key="model.path", must_hold="config.json",
-                  fix="Point it at a Hugging Face model folder (written by save_pretrained, or a run's model/), "
-                      "a hub id such as Qwen/Qwen2.5-0.5B, or model.path=null to build the tiny model.")
-        return
-    if local.exists() or not _looks_like_hub_id(path):
-        raise ConfigError(f"model.path={path!r} does not exist. Give a local Hugging Face model directory, "
-                          f"a hub id such as Qwen/Qwen2.5-0.5B, or model.path=null to build the tiny model.",
-                          key="model.path", value=path)
-    first = Path(path.split("/")[0])
-    if first.is_dir():  # "runs/model" with a local runs/ folder: a missing local path, not a hub id
-        raise ConfigError(f"model.path={path!r}: there is no folder {str(local.resolve())!r} (its parent "
-                          f"{str(first)!r} exists here, so this is not taken for a hub id). Check the path, e.g. "
-                          f"the model/ folder of a finished run, or give an absolute path.", key="model.path",
-                          value=path)
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") and not _in_hub_cache(path):
-        raise ConfigError(f"model.path={path!r} is neither a local folder nor reachable: HF_HUB_OFFLINE is set, so "
-                          f"the hub is not asked. Download the model first, or give its local folder.",
-                          key="model.path", value=path)
+    check_path(cfg.model.path, key="model.path", kind=PathKind.MODEL,
+               fix="Point it at a Hugging Face model folder (written by save_pretrained, or a run's model/), a hub "
+                   "id such as Qwen/Qwen2.5-0.5B, or model.path=null to build the tiny model.")
 
 
 class _unlocked:

@@ -218,10 +218,9 @@ class Driver:
             totals[kind] = totals.get(kind, 0) + count
         return sum(new.values())
 
-    def _restore(self, parts: Any, path: Path) -> dict[str, Any]:
-        from unirl.checkpoint import load_checkpoint, set_torch_rng_state
+    def _restore(self, parts: Any, path: Path, ckpt: dict[str, Any]) -> dict[str, Any]:
+        from unirl.checkpoint import set_torch_rng_state
 
-        ckpt = load_checkpoint(path)
         parts.trainer.load_state_dict(ckpt["trainer"])
         if parts.buffer is not None:
             parts.buffer.load_state_dict(ckpt["buffer"])
@@ -458,6 +457,13 @@ class Driver:
         if recipe.run.threads:
             torch.set_num_threads(recipe.run.threads)
         run_dir, resume_from, skipped = prepare_run_dir(recipe)
+        loaded = None
+        if resume_from is not None:  # read before anything is built; an unreadable one is skipped, named
+            from unirl.checkpoint import load_resumable
+
+            resume_from, loaded, unreadable = load_resumable(run_dir, resume_from)
+            skipped = [*skipped, *unreadable]
+        self.skipped_checkpoints = list(skipped)
         for problem in skipped:  # reported, never deleted
             self.console.print(f"[yellow]checkpoints/[/] {problem}", highlight=False)
         from unirl.engine.phases import PhaseTimer
@@ -482,7 +488,7 @@ class Driver:
         try:
             parts = self.build(run_dir)
             if resume_from is not None:
-                state = self._restore(parts, resume_from)
+                state = self._restore(parts, resume_from, loaded)
                 restored = True
                 self._last_checkpoint = state["global_step"]
             writer = M.MetricsWriter(run_dir / "metrics.jsonl", keep_lines=state["metrics_lines"])
@@ -535,6 +541,7 @@ class Driver:
                        "skipped_nonfinite": state.get("nonfinite_skipped", 0),
                        "skipped_reward": state.get("reward_skipped", 0),
                        "reward_failures": state.get("reward_failures", {}),
+                       "skipped_checkpoints": self.skipped_checkpoints,
                        "exported": exported,
                        "deviations": [{"key": d.key, "asked": d.asked, "used": d.used, "where": d.where}
                                       for d in self.deviations]}

@@ -13,13 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from unirl.userfiles import PathKind, path_field
+
 RUBRIC = ("Rate the answer to the question from 0 (wrong) to 10 (correct). Reply with the number only.\n"
           "Question: {prompt}\nReference: {reference}\nAnswer: {completion}\nScore:")
 
 
 @dataclass
 class JudgeRewardConfig:
-    path: str = ""  # the judge: a causal LM folder or hub id
+    path: str = path_field(PathKind.MODEL, fix="Give the folder of a causal LM (e.g. <run.dir>/model of an sft run) "
+                                             "or a hub id.")  # the judge
     rubric: str = RUBRIC
     pattern: str = r"-?\d+(?:\.\d+)?"  # the score in the judge's answer (the first match)
     max_score: float = 10.0  # reward = score / max_score, clipped to [0, 1]
@@ -31,11 +34,6 @@ class JudgeRewardConfig:
     def validate(cfg: JudgeRewardConfig) -> str | None:
         if not cfg.path:
             return "path is required: the judge model (a causal LM folder or hub id)."
-        if looks_local(cfg.path):
-            from unirl.userfiles import check_dir
-
-            check_dir(cfg.path, key="reward.path", must_hold="config.json",
-                      fix="Give the folder of a causal LM (e.g. <run.dir>/model of an sft run) or a hub id.")
         for key in ("{prompt}", "{completion}"):
             if key not in cfg.rubric:
                 return f"rubric has no {key}: the judge must see the prompt and the completion."
@@ -46,13 +44,6 @@ class JudgeRewardConfig:
         if not cfg.max_score > 0:
             return f"max_score={cfg.max_score} must be > 0."
         return None
-
-
-def looks_local(path: str) -> bool:
-    """A path on this machine rather than a hub id (``org/name``)."""
-    import os
-
-    return path.startswith((os.sep, ".", "~")) or os.path.exists(path)
 
 
 class JudgeReward:

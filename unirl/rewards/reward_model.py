@@ -11,10 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from unirl.userfiles import PathKind, path_field
+
 
 @dataclass
 class RewardModelConfig:
-    path: str = ""  # a reward model folder, e.g. runs/rm_tiny/reward_model
+    path: str = path_field(PathKind.MODEL, fix="Give the folder an rm stage exported (<run.dir>/reward_model) or any "
+                                             "Hugging Face sequence-classification model with one label.")
     batch_size: int = 64  # completions per forward pass
     scale: float = 1.0
     shift: float = 0.0
@@ -23,11 +26,6 @@ class RewardModelConfig:
     def validate(cfg: RewardModelConfig) -> str | None:
         if not cfg.path:
             return "path is required: the folder of a reward model (an rm stage exports <run.dir>/reward_model)."
-        from unirl.userfiles import check_dir
-
-        check_dir(cfg.path, key="reward.path", must_hold="config.json",
-                  fix="Give the folder an rm stage exported (<run.dir>/reward_model) or any Hugging Face "
-                      "sequence-classification model with one label.")
         if cfg.batch_size < 1:
             return f"batch_size={cfg.batch_size} must be at least 1."
         return None

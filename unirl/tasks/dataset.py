@@ -24,6 +24,8 @@ from unirl.errors import DataError
 from unirl.protocols import Example
 from unirl.tasks.chat import NO_TEMPLATE_FIX, ChatRenderer, is_conversation, tokenizer_has_template
 from unirl.tasks.columns import PRESET_NAMES, dig, extra_columns, resolve
+from unirl.tasks.sources import FIX
+from unirl.userfiles import PathKind, path_field
 
 
 @dataclass
@@ -40,14 +42,14 @@ class ColumnsConfig:
 
 @dataclass
 class DatasetTaskConfig:
-    path: str = ""  # a data file, a folder of them, a save_to_disk folder, or a hub id
+    path: str = path_field(PathKind.DATA, fix=FIX)  # a data file, a folder of them, a save_to_disk folder, or a hub id
     split: str = "train"  # the training split (one file is the split "train")
     preset: str = "auto"  # the layout: auto, verl, openrlhf, trl, none
     columns: ColumnsConfig = field(default_factory=ColumnsConfig)
     shuffle: bool = True  # a new order each epoch, drawn from (seed, epoch); false: file order
     apply_chat_template: bool | None = None  # null: conversations only; true: plain prompts too (as a user turn)
     chat_template: str | None = None  # a Jinja chat template; null: the tokenizer's
-    eval_path: str | None = None  # the validation data (default: path)
+    eval_path: str | None = path_field(PathKind.DATA, None, fix=FIX)  # the validation data (default: path)
     eval_split: str | None = None  # the validation split; null: none
 
     @staticmethod

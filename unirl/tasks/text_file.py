@@ -9,6 +9,7 @@ from typing import Any
 from unirl.errors import ConfigError
 from unirl.protocols import Example
 from unirl.tasks.rng import rng_state, set_rng_state
+from unirl.userfiles import PathKind, path_field
 
 
 FIX = "Point task.path at a UTF-8 text file with one document per line."
@@ -16,15 +17,12 @@ FIX = "Point task.path at a UTF-8 text file with one document per line."
 
 @dataclass
 class TextFileTaskConfig:
-    path: str = ""  # UTF-8 text file; each non-empty line is one document
+    path: str = path_field(PathKind.TEXT, fix=FIX)  # UTF-8 text file; each non-empty line is one document
 
     @staticmethod
     def validate(cfg: TextFileTaskConfig) -> str | None:
         if not cfg.path:
             return "path is required: a UTF-8 text file with one document per line (task.path=corpus.txt)."
-        from unirl.userfiles import check_text
-
-        check_text(cfg.path, key="task.path", fix=FIX)
         return None
 
 
