@@ -139,7 +139,7 @@ def test_stage_needs_name_type_steps(tmp_path: Path):
     (["trainer.lrr=1e-3"], ["trainer.lrr", "Did you mean 'lr'?"]),
     (["trainer.lr=abc"], ["trainer.lr='abc'", "expected float"]),
     (["backend=nope"], ["backend='nope'", "Installed backends: accelerate, deepspeed, megatron, native"]),
-    (["model.path=/definitely/not/here"], ["model.path='/definitely/not/here'", "does not exist"]),
+    (["model.path=/definitely/not/here"], ["model.path='/definitely/not/here'", "there is no folder"]),
 ])
 def test_cli_bad_input_exits_2_with_one_paragraph(args, needles, capsys):
     assert main(["run", str(DEMO), *args]) == 2
