@@ -11,8 +11,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unirl.algorithms.advantages import (compute_advantages, discounted_returns, gae_advantages, masked_whiten,
-                                         rloo_advantages, token_level_rewards)
+from unirl.algorithms.advantages import (
+    compute_advantages,
+    discounted_returns,
+    gae_advantages,
+    masked_whiten,
+    rloo_advantages,
+    token_level_rewards,
+)
 from unirl.algorithms.aggregation import MODES, aggregate_loss, step_normaliser
 from unirl.algorithms.kl import kl_estimate
 from unirl.algorithms.objectives import policy_objective

@@ -9,9 +9,9 @@ import hashlib
 import pytest
 import torch
 
+from tests.conftest import DEMO, read_rows
 from unirl import metrics as M
 from unirl.cli import main
-from tests.conftest import DEMO, read_rows
 
 #: sha256 of the policy after ``short_overrides`` (the demo cut to 4 SFT + 6 GRPO steps), recorded
 #: at b760595, the last commit before the generation queue: every rl step now goes through the

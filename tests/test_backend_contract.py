@@ -1,5 +1,7 @@
-"""The backend contract (unirl.protocols): three trainer calls per rl step, whatever the plan;
-built objects checked against their protocol; unirl 0.1 trainers still run (deprecated)."""
+"""The backend contract (unirl.protocols, unirl.contract): three trainer calls per rl step, whatever
+the plan; built objects checked against their protocol; a plugin written for an older contract
+either runs through a shim that warns naming the change or fails at load naming it, never runs
+silently without part of its code."""
 
 from __future__ import annotations
 
@@ -8,16 +10,16 @@ import warnings
 import pytest
 import torch
 
+from tests.conftest import DEMO, read_rows
 from unirl import hookimpl
 from unirl.config import load_recipe
-from unirl.contract import check_trainer
+from unirl.contract import CONTRACT_VERSION, BackendSpec, check_trainer
 from unirl.engine.driver import Driver
-from unirl.errors import PluginContractError
+from unirl.errors import PluginContractError, PluginLoadError
 from unirl.plugin_manager import new_plugin_host
 from unirl.protocols import ScoreRequest
 from unirl_backends.native.backend import NativeBackend
 from unirl_backends.native.trainer import NativeTrainer
-from tests.conftest import DEMO, read_rows
 
 
 class CountingTrainer:
@@ -57,7 +59,7 @@ def _host(log: list[str], trainer_class=None):
         def unirl_register_backends(self, register):
             from unirl.capabilities import Capabilities, all_values
 
-            register("counting", CountingBackend, capabilities=Capabilities(knobs=all_values()))
+            register(BackendSpec(name="counting", backend=CountingBackend, capabilities=Capabilities(knobs=all_values())))
 
     host = new_plugin_host()
     host.register_plugin(Plugin(), "counting-plugin")
@@ -151,18 +153,106 @@ class LegacyTrainer01:
         return self.inner.export(run_dir)
 
 
-def test_a_unirl_0_1_trainer_still_runs_with_a_deprecation_warning(tiny_model_dir, tmp_path):
-    made: list[LegacyTrainer01] = []
+def test_a_unirl_0_1_trainer_fails_at_build_naming_each_replacement(tiny_model_dir, tmp_path):
+    with pytest.raises(PluginContractError) as err:
+        _run(_host([], LegacyTrainer01), tiny_model_dir, tmp_path)
+    message = str(err.value)
+    assert "LegacyTrainer01" in message and "which unirl no longer calls" in message
+    for old, new in (("policy_step", "update(batch, plan)"), ("logprobs", "score(batch"),
+                     ("lm_step", "supervised_step"), ("policy_weights", "sync_weights(rollout)")):
+        assert old in message and new in message
 
-    def make(inner):
-        made.append(LegacyTrainer01(inner))
-        return made[-1]
 
-    with pytest.warns(DeprecationWarning, match="unirl 0.1's trainer protocol.*removed in unirl 0.3"):
-        result = _run(_host([], make), tiny_model_dir, tmp_path, "algorithm.mini_batches=2")
-    assert result["status"] == "completed"
-    # what unirl 0.1's driver called, per step: old and reference log-probs, one policy_step per mini-batch
-    assert made[0].calls == ["logprobs", "reference_logprobs", "policy_step", "policy_step"] * 2
+class MetricsWrapper(NativeTrainer):
+    """A plugin written against the previous contract: it added a metric in ``policy_step``, which
+    the trainer no longer calls (an rl step is one ``update``). Without the check this ran with exit
+    0 and the metric silently never appeared."""
+
+    def policy_step(self, batch, lr):  # never called by unirl's driver since contract 2
+        row = super()._policy_step(batch, lr)
+        return {**row, "wrapper/seen": 1.0}
+
+
+def test_a_wrapper_overriding_a_method_the_trainer_no_longer_calls_fails_before_any_step(tiny_model_dir, tmp_path):
+    class WrapperBackend(NativeBackend):
+        def build_trainer(self, ctx):
+            return MetricsWrapper(ctx)
+
+    host = _plugin_host(lambda register: register(BackendSpec(name="counting", backend=WrapperBackend)))
+    with pytest.raises(PluginContractError) as err:
+        _run(host, tiny_model_dir, tmp_path)
+    message = str(err.value)
+    assert "MetricsWrapper" in message and "defines policy_step" in message and "update(batch, plan)" in message
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not read_rows(tmp_path / "run")
+
+
+def _plugin_host(register_call):
+    class Plugin:
+        @hookimpl
+        def unirl_register_backends(self, register):
+            register_call(register)
+
+    host = new_plugin_host()
+    host.register_plugin(Plugin(), "old-plugin", distribution="unirl-old-plugin")
+    return host
+
+
+def test_a_backend_registered_the_contract_2_way_runs_with_a_warning_naming_the_change(tiny_model_dir, tmp_path):
+    """register(name, factory, capabilities=Capabilities(mode=...)): the shim reads the mode from
+    Capabilities.mode and warns, naming BackendSpec."""
+    from unirl.capabilities import Capabilities, all_values
+
+    host = _plugin_host(lambda register: register("old", NativeBackend, capabilities=Capabilities(
+        mode="engine", knobs=all_values())))
+    with pytest.warns(DeprecationWarning, match=r"register\(name, factory, \.\.\.\), unirl contract 2: register a "
+                                                r"unirl.contract.BackendSpec"):
+        registry = host.registry
+    assert registry.get("backend", "old").spec.mode == "engine"
+    recipe = load_recipe(DEMO, ["backend=old", f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'run'}",
+                                "stages=[{name: rl, type: rl, steps: 1, batch_size: 2}]", "algorithm.group_size=4",
+                                "checkpoint.every=0", "run.threads=1"], host=host)
+    from rich.console import Console
+
+    assert Driver(recipe, host, Console(quiet=True)).run()["status"] == "completed"
+
+
+@pytest.mark.parametrize("declared,needle", [(1, "which changed: (2) trainers answer an rl step with score"),
+                                             (CONTRACT_VERSION + 1, "Upgrade unirl")])
+def test_a_plugin_declaring_another_contract_fails_at_load(declared, needle):
+    host = _plugin_host(lambda register: register(BackendSpec(name="v", backend=NativeBackend, contract=declared)))
+    with pytest.raises(PluginLoadError) as err:
+        _ = host.registry
+    message = str(err.value)
+    assert 'plugin "old-plugin" (distribution unirl-old-plugin), backend \'v\'' in message and needle in message
+
+
+def test_a_one_argument_backend_factory_is_refused_naming_the_change(tiny_model_dir, tmp_path):
+    host = _plugin_host(lambda register: register(BackendSpec(name="one", backend=lambda recipe: NativeBackend(
+        recipe, None))))
+    recipe = load_recipe(DEMO, ["backend=one", f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'run'}"],
+                         host=host)
+    from unirl.components import build_backend
+
+    with pytest.raises(PluginContractError, match=r"takes only the recipe \(unirl contract 1\).*factory\(recipe, "
+                                                  r"options\)"):
+        build_backend(recipe, host)
+
+
+def test_a_rollout_with_update_weights_is_refused_naming_load_weights():
+    from unirl.contract import check_component
+
+    class OldRollout:
+        shares_trainer_policy = False
+
+        def generate(self, prompts, params): ...
+        def default_params(self, n): ...
+        def update_weights(self, trainer): ...
+        def load_weights(self, weights): ...
+        def state_dict(self): return {}
+        def load_state_dict(self, state): ...
+
+    with pytest.raises(PluginContractError, match=r"defines update_weights.*load_weights\(weights\)"):
+        check_component(OldRollout(), "rollout", "plugin 'x' (rollout 'old')")
 
 
 def test_the_contract_check_accepts_every_builtin_trainer_kind(tiny_model_dir):

@@ -10,13 +10,13 @@ import statistics
 import pytest
 from rich.console import Console
 
+from tests.conftest import read_rows, run_cli
 from unirl import metrics as M
 from unirl.bench.fit import growth_exponent
 from unirl.config import load_recipe
 from unirl.engine.driver import Driver
 from unirl.engine.phases import PHASE_METRICS
 from unirl.plugin_manager import get_plugin_host
-from tests.conftest import read_rows, run_cli
 
 
 def test_growth_exponent_recovers_synthetic_power_laws():
@@ -120,11 +120,10 @@ def test_model_flops_match_torch_flop_counter_on_the_tiny_model(tiny_model_dir):
     FlopCounterMode on a real forward: the matmul part exactly, attention as the causal half."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForCausalLM
 
     from unirl.bench.flops import ModelShape
     from unirl.models.loading import load_causal_lm
-
-    from transformers import AutoModelForCausalLM
 
     shape = ModelShape.from_dir(tiny_model_dir)
     model = load_causal_lm(str(tiny_model_dir), "float32")
@@ -152,7 +151,7 @@ def test_sweep_fits_growth_exponents_per_phase_and_plots(monkeypatch, tmp_path):
     """The sweep's fit, on synthetic timings: train grows linearly with batch, generate with the
     square root, weight sync not at all; the exponents come back per phase, and both plots are PNGs."""
     from unirl.bench import plot, runner, sweep
-    from unirl.bench.runner import BenchResult, Stat, StageResult
+    from unirl.bench.runner import BenchResult, StageResult, Stat
 
     def fake_bench(recipe, backends, *, overrides, **kw):
         size = float(next(o for o in overrides if o.startswith("stages.1.batch_size=")).split("=")[1])
@@ -266,7 +265,7 @@ def test_the_in_process_a_b_pairs_every_measured_step(tiny_model_dir, tmp_path):
 def test_variants_are_labelled_entries_with_staleness_columns(capsys):
     """``--variants``: a recipe override per entry (sync vs async, worker counts); the rows of a run
     generating ahead give the staleness and dropped columns. Bad specs exit 2 before any run."""
-    from unirl.bench.runner import StageResult, layout_label, split_label, summarise, table_rows, BenchResult
+    from unirl.bench.runner import BenchResult, layout_label, split_label, summarise, table_rows
     from unirl.cli import main
 
     label = layout_label("native", ["distributed.ray.enabled=true", "rollout.workers=2"])

@@ -8,12 +8,12 @@ import pytest
 import torch
 from rich.console import Console
 
+from tests.conftest import read_rows
 from unirl.config import load_recipe
 from unirl.engine.driver import Driver
 from unirl.errors import ConfigError
 from unirl.plugin_manager import get_plugin_host
 from unirl.testing.components import make_component, rollout_batch
-from tests.conftest import read_rows
 
 
 def test_prioritized_by_reward_std_keeps_the_most_disputed_groups_whole():

@@ -7,15 +7,16 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
+from tests.conftest import run_cli
 from unirl import hookimpl
 from unirl.algorithms.reference import ReferenceMath
 from unirl.capabilities import Capabilities, Support, all_values
 from unirl.cli import main
+from unirl.contract import BackendSpec
 from unirl.plugin_manager import get_plugin_host
 from unirl.testing.runner import run_conformance
 from unirl_backends.native.backend import NativeBackend
 from unirl_backends.native.trainer import NativeTrainer
-from tests.conftest import run_cli
 
 
 class SeqMeanMath(ReferenceMath):
@@ -75,7 +76,7 @@ class WrongBackend(RecipeConfigured):
 class WrongPlugin:
     @hookimpl
     def unirl_register_backends(self, register):
-        register("wrong", WrongBackend, capabilities=Capabilities(knobs=all_values()))
+        register(BackendSpec(name="wrong", backend=WrongBackend, capabilities=Capabilities(knobs=all_values())))
         limited = all_values()
         limited["algorithm.loss_agg"] = {"token_mean": Support.NATIVE}
         limited["algorithm.advantage"] = {"grpo": Support.EMULATED}

@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import ROOT, read_rows
 from unirl import metrics as M
 from unirl.cli import main
 from unirl.errors import DataError
 from unirl.testing.suite import TaskTests
-from tests.conftest import ROOT, read_rows
 
 RECIPE = ROOT / "configs" / "gsm8k_tiny_grpo.yaml"
 SAMPLE = ROOT / "configs" / "data" / "gsm8k_tiny"

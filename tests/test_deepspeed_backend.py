@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from unirl.metrics import deterministic_view
 from tests.conftest import DEMO, LAYOUT_SHORT, ROOT, run_recipe, same_curve, same_weights
+from unirl.metrics import deterministic_view
 
 DS = ["backend=deepspeed"]
 #: largest weight difference after the run (see above)

@@ -8,7 +8,6 @@ import pytest
 
 from tests.conftest import DEMO, read_rows, run_cli
 
-
 #: each backend on its own (layouts on several ranks for the parallel engines: the issue's acceptance)
 BACKENDS = [("native", ()), ("trl", ()), ("verl", ()), ("openrlhf", ()),
             ("deepspeed", ("parallel.dp=2", "parallel.zero_stage=3")), ("megatron", ("parallel.tp=2",))]

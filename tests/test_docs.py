@@ -3,8 +3,8 @@ from __future__ import annotations
 import inspect
 import re
 
-from unirl import hookspecs
 from tests.conftest import ROOT
+from unirl import hookspecs
 
 
 def _hooks():

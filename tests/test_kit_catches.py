@@ -15,6 +15,7 @@ from unirl.buffers.memory import MemoryBuffer
 from unirl.buffers.options import MemoryBufferConfig, PrioritizedBufferConfig
 from unirl.buffers.prioritized import PrioritizedBuffer
 from unirl.capabilities import ON, Capabilities, all_values, recipe_knobs
+from unirl.contract import BackendSpec
 from unirl.plugin_manager import get_plugin_host
 from unirl.rewards.arithmetic import ArithmeticReward, ArithmeticRewardConfig
 from unirl.testing import components as C
@@ -113,8 +114,8 @@ class BrokenPlugin:
 
     @hookimpl
     def unirl_register_backends(self, register):
-        register("extra-knob", ExtraKnobBackend, capabilities=Capabilities(knobs=all_values()))
-        register("wrong-critic", WrongCriticBackend, capabilities=Capabilities(knobs=all_values()))
+        register(BackendSpec(name="extra-knob", backend=ExtraKnobBackend, capabilities=Capabilities(knobs=all_values())))
+        register(BackendSpec(name="wrong-critic", backend=WrongCriticBackend, capabilities=Capabilities(knobs=all_values())))
 
 
 @pytest.fixture(scope="module")

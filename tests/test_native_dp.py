@@ -14,8 +14,9 @@ import sys
 
 import pytest
 
-from unirl.metrics import deterministic_view
 from tests.conftest import DEMO, LAYOUT_SHORT, ROOT, run_recipe, same_curve, same_weights
+from unirl.metrics import deterministic_view
+
 
 def test_fsdp2_on_two_ranks_trains_the_same_curve_and_weights_as_one_process(tiny_model_dir, tmp_path):
     rows = {dp: run_recipe(DEMO, tmp_path / f"dp{dp}", tiny_model_dir, *LAYOUT_SHORT, f"parallel.dp={dp}")

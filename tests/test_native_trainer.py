@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import DEMO
 from unirl.algorithms.advantages import compute_advantages
 from unirl.batch import RolloutBatch
-from unirl.config import load_recipe
-from unirl.config import choices
+from unirl.config import choices, load_recipe
 from unirl.engine.collate import pair_batch, sft_batch
 from unirl.models.loading import load_tokenizer
 from unirl.protocols import BuildContext, Example, ScoreRequest, UpdatePlan
 from unirl_backends.native.trainer import NativeTrainer
-from tests.conftest import DEMO
 
 
 def _trainer(tiny_model_dir, *overrides: str) -> NativeTrainer:

@@ -112,7 +112,7 @@ def test_fixed_values_are_reported_deviations():
 
 
 def test_backend_options_are_validated():
-    with pytest.raises(ConfigError, match="zero_stage=5; allowed: 0, 1, 2"):
+    with pytest.raises(ConfigError, match="zero_stage=5; allowed: 3 with mode=trainer"):
         load_recipe(DEMO, ["backend=openrlhf", "backend_options.zero_stage=5"])
     with pytest.raises(ConfigError, match="zero_stage=3 partitions the parameters"):
         load_recipe(DEMO, ["backend=openrlhf", "backend_options.zero_stage=3"])
@@ -121,17 +121,15 @@ def test_backend_options_are_validated():
         load_recipe(DEMO, ["backend=openrlhf", "parallel.zero_stage=3"])
 
 
-def test_backend_options_zero_stage_is_deprecated_for_parallel_zero_stage():
-    from unirl.config.choices import ZERO_STAGES
+def test_backend_options_zero_stage_1_and_2_are_parallel_zero_stage():
+    """The 0.1 option is gone: ZeRO 1-2 are parallel.zero_stage (every DeepSpeed-based backend reads it);
+    backend_options.zero_stage keeps only 3, which trainer mode passes to OpenRLHF."""
     from unirl_backends.openrlhf.plugin import zero_stage
 
-    with pytest.warns(DeprecationWarning, match="set parallel.zero_stage"):
-        old = load_recipe(DEMO, ["backend=openrlhf", "backend_options.zero_stage=2"])
-    assert zero_stage(old, old.backend_options) == 2
+    with pytest.raises(ConfigError, match="zero_stage=2: ZeRO stages 1 and 2 are parallel.zero_stage=2"):
+        load_recipe(DEMO, ["backend=openrlhf", "backend_options.zero_stage=2"])
     new = load_recipe(DEMO, ["backend=openrlhf", "parallel.zero_stage=2"])
-    assert zero_stage(new, new.backend_options) == 2 and 2 in ZERO_STAGES
-    with pytest.warns(DeprecationWarning), pytest.raises(ConfigError, match="contradicts parallel.zero_stage=1"):
-        load_recipe(DEMO, ["backend=openrlhf", "backend_options.zero_stage=2", "parallel.zero_stage=1"])
+    assert zero_stage(new, new.backend_options) == 2
 
 
 @pytest.mark.parametrize("module", ["openrlhf.models.loss", "openrlhf.trainer.ppo_utils.experience_maker",
@@ -255,12 +253,3 @@ def test_trainer_mode_launcher_writes_openrlhfs_inputs_and_a_reward_func(tmp_pat
     assert set(row) == {"prompt", "chosen", "rejected"}
 
 
-def test_trainer_mode_needs_cuda_and_says_so(tmp_path, capsys):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA; the check is for CPU-only machines")
-    from unirl_backends.openrlhf.launch import main
-
-    assert main([str(DEMO), f"run.dir={tmp_path / 'run'}"]) == 2
-    assert "need CUDA devices" in capsys.readouterr().err

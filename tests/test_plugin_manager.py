@@ -8,10 +8,11 @@ from pathlib import Path
 import pluggy
 import pytest
 
+from tests.conftest import ROOT, run_cli
 from unirl import hookimpl
+from unirl.contract import BackendSpec
 from unirl.errors import PluginLoadError
 from unirl.plugin_manager import get_plugin_host, load_entry_point_plugins, new_plugin_host
-from tests.conftest import ROOT, run_cli
 
 
 def test_builtin_plugins_load_through_entry_points():
@@ -53,7 +54,7 @@ def test_duplicate_registration_names_both_plugins():
     class Dup:
         @hookimpl
         def unirl_register_backends(self, register):
-            register("native", "nowhere:Backend")
+            register(BackendSpec(name="native", backend="nowhere:Backend"))
 
     host = new_plugin_host()
     host.register_plugin(Dup(), "dup-plugin", distribution="dup-dist")

@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import DEMO, read_rows
 from unirl import hookimpl
 from unirl import metrics as M
 from unirl.cli import main
-from tests.conftest import DEMO, read_rows
 
 
 @pytest.fixture(scope="module")

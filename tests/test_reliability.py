@@ -16,9 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import DEMO, ROOT, child_env, read_rows
 from unirl import metrics as M
 from unirl.cli import main
-from tests.conftest import DEMO, ROOT, child_env, read_rows
 
 
 def _run(overrides: list[str]) -> int:

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
+from tests.conftest import DEMO, read_rows
 from unirl import metrics as M
 from unirl.batch import RolloutBatch
 from unirl.cli import main
 from unirl.engine.stages import StepSkipped, drop_failed_groups
 from unirl.errors import RunError
 from unirl.rewards import RewardPolicy, adapt_reward_fn
-from tests.conftest import DEMO, read_rows
 
 BAD_REWARDS = '''
 import os, time
@@ -182,3 +183,55 @@ def test_skip_group_is_refused_for_a_trainer_mode_backend(short_overrides, capsy
     assert main(["run", str(DEMO), *short_overrides, "backend=trl", "reward.on_error=skip_group"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "reward.on_error=skip_group" in err and "trainer mode" in err and "native" in err
+
+
+def test_an_isolated_reward_is_built_with_the_runs_model_path_and_tokenizer(tiny_model_dir, monkeypatch):
+    """The docs promise every reward factory ctx.tokenizer; a reward rebuilt in a worker process
+    (reward.isolation=process, and Ray's reward actors through the same worker_context) gets the
+    run's model path and its tokenizer too. The worker body runs here in a thread, so a reward
+    registered in this process is found."""
+    import multiprocessing as mp_
+    import threading
+
+    from unirl import hookimpl
+    from unirl.config import load_recipe
+    from unirl.plugin_manager import get_plugin_host
+    from unirl.rewards import isolation
+    from unirl.rewards.isolation import _worker
+
+    monkeypatch.setattr(isolation, "_limit_memory", lambda mb: None)  # a worker's own address-space cap, not ours
+    monkeypatch.setattr(isolation.signal, "signal", lambda *a: None)  # a worker's own SIGINT handling (main thread only)
+
+    class VocabReward:
+        def __init__(self, config, ctx):
+            self.size = len(ctx.tokenizer) if ctx.tokenizer is not None else -1
+            self.path = ctx.model_path
+
+        def __call__(self, prompts, completions, **fields):
+            return [float(self.size)] * len(completions)
+
+    class Plugin:
+        @hookimpl
+        def unirl_register_rewards(self, register):
+            register("vocab_size", VocabReward)
+
+    host = get_plugin_host()
+    host.register_plugin(Plugin(), "vocab-plugin")
+    try:
+        recipe = load_recipe(DEMO, ["reward.name=vocab_size", "run.dir=/nonexistent/r"])
+        parent, child = mp_.Pipe()
+        thread = threading.Thread(target=_worker, args=(child, OmegaConf.to_container(recipe), 0, str(tiny_model_dir)))
+        thread.start()
+        assert parent.poll(60), "the worker did not answer"
+        ready = parent.recv()
+        assert ready[0] == "ready", ready
+        parent.send(("call", ["1+1="], ["2"], {}))
+        assert parent.poll(60)
+        answer = parent.recv()
+        parent.send(("close",))
+        thread.join(timeout=30)
+    finally:
+        host.unregister_plugin("vocab-plugin")
+    from unirl.models.loading import load_tokenizer
+
+    assert answer == ("ok", [float(len(load_tokenizer(str(tiny_model_dir))))])

@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.conftest import DEMO, ROOT, child_env, read_rows, run_cli
 from unirl import hookimpl
 from unirl import metrics as M
 from unirl.cli import main
 from unirl.plugin_manager import get_plugin_host
-from tests.conftest import DEMO, ROOT, child_env, read_rows, run_cli
 
 
 def _run(overrides: list[str]) -> int:

@@ -4,14 +4,16 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from omegaconf.errors import ReadonlyConfigError
 
+from tests.conftest import DEMO, run_cli
 from unirl import hookimpl
 from unirl.capabilities import Capabilities, Support
 from unirl.cli import main
 from unirl.config import load_recipe
+from unirl.contract import BackendSpec
 from unirl.errors import CapabilityError, ConfigError, UnknownBackendError
 from unirl.plugin_manager import new_plugin_host
-from tests.conftest import DEMO, run_cli
 
 
 def test_demo_recipe_loads_with_defaults_and_overrides():
@@ -24,7 +26,7 @@ def test_demo_recipe_loads_with_defaults_and_overrides():
     assert cfg.buffer == {"name": "memory", "capacity": 100_000}
     assert cfg.seed == 3 and cfg.run.dir == "/tmp/x" and cfg.backend == "native"
     assert OmegaConf.is_readonly(cfg)
-    with pytest.raises(Exception):
+    with pytest.raises(ReadonlyConfigError):
         cfg.trainer.lr = 1.0
 
 
@@ -166,8 +168,8 @@ def test_cli_usage_error_exits_2(capsys):
 class SftOnlyBackend:
     @hookimpl
     def unirl_register_backends(self, register):
-        register("sft_only", "nowhere_xyz:Backend",
-                 capabilities=Capabilities(knobs={"stages.type": {"sft": Support.NATIVE}}))
+        register(BackendSpec(name="sft_only", backend="nowhere_xyz:Backend",
+                             capabilities=Capabilities(knobs={"stages.type": {"sft": Support.NATIVE}})))
 
 
 def test_capability_error_names_knob_and_backends_that_support_it():
@@ -188,10 +190,9 @@ class TokenMeanOnlyBackend:
 
     @hookimpl
     def unirl_register_backends(self, register):
-        register("token_mean_only", "module_that_is_never_imported_xyz:Backend", capabilities=Capabilities(knobs={
-            "algorithm.loss_agg": {"token_mean": Support.NATIVE},
-            "kl.placement": {"in_loss": Support.NATIVE},
-        }))
+        register(BackendSpec(name="token_mean_only", backend="module_that_is_never_imported_xyz:Backend",
+                             capabilities=Capabilities(knobs={"algorithm.loss_agg": {"token_mean": Support.NATIVE},
+                                                              "kl.placement": {"in_loss": Support.NATIVE}})))
 
 
 @pytest.mark.parametrize("override, needle", [

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-from unirl.plugin_manager import get_plugin_host
-from unirl.testing.matrix import matrix_cells, render
 from tests.conftest import ROOT
 from tests.test_conformance_kit import WrongPlugin
+from unirl.plugin_manager import get_plugin_host
+from unirl.testing.matrix import matrix_cells, render
 
 
 def test_committed_matrix_is_current():

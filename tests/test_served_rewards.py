@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from unirl.cli import main
 from tests.conftest import DEMO, JUDGE_RUBRIC, arithmetic_judgements, read_rows
+from unirl.cli import main
 
 
 def test_the_reward_model_scores_right_answers_above_wrong_ones(rm_tiny_run):

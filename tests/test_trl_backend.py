@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.conftest import DEMO, ROOT, read_rows, run_cli
+from tests.conftest import DEMO, read_rows, run_cli
 from unirl.config import load_recipe
 from unirl.errors import CapabilityError, ConfigError
 

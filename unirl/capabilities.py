@@ -85,11 +85,8 @@ class Deviation:
 class Capabilities:
     """A backend's declared abilities.
 
-    ``mode``: the mode of the trainer the backend builds by default, for listings:
-    ``"engine"`` (unirl's driver runs the loop, the framework trains: an
-    :class:`~unirl.protocols.EngineTrainer`) or ``"trainer"`` (the framework runs its own loop
-    for each stage: a :class:`~unirl.protocols.StageRunner`). A run follows the trainer it
-    gets, so a backend may offer both (verl, openrlhf: ``backend_options.mode``).
+    ``mode``: deprecated (unirl contract 2), read only for a backend registered the contract-2 way;
+    a backend's run mode is :attr:`unirl.contract.BackendSpec.mode`.
     ``knobs``: canonical knob -> {value: Support}; ``stages.type`` lists the stage types.
     ``fixed``: recipe keys the framework hard-codes (:class:`Fixed`).
     ``parallel``: the largest size of each ``parallel.*`` dimension it runs (``dp``, ``tp``,
@@ -97,7 +94,7 @@ class Capabilities:
     (``zero_stage``, ``offload``: a tuple; undeclared: ``(0,)`` and ``("none",)``).
     """
 
-    mode: str = "engine"
+    mode: str | None = None
     knobs: Mapping[str, Mapping[Any, Support]] = field(default_factory=dict)
     fixed: Mapping[str, Fixed] = field(default_factory=dict)
     parallel: Mapping[str, Any] = field(default_factory=lambda: {"dp": 1})

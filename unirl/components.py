@@ -58,22 +58,16 @@ def backend_options(recipe: Any, registration: Any) -> Any:
 
 def build_backend(recipe: Any, host: Any = None) -> Any:
     """The backend object ``recipe.backend`` names: ``factory(recipe, options)`` with its typed
-    options (:func:`backend_options`), like every other component; a factory written for unirl
-    0.1 that takes only the recipe is called as ``factory(recipe)``."""
-    import inspect
-
+    options (:func:`backend_options`), like every other component, checked against
+    :class:`unirl.protocols.Backend`."""
+    from unirl.contract import check_backend, check_factory
     from unirl.plugin_manager import get_plugin_host
 
     registration = (host or get_plugin_host()).registry.get("backend", recipe.backend)
+    owner = f"plugin {registration.plugin!r} (backend {recipe.backend!r})"
     factory = registration.load()
-    try:
-        params = [p for p in inspect.signature(factory).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
-    except (TypeError, ValueError):  # a builtin or C callable: assume the current signature
-        params = [None, None]
-    if len(params) >= 2 or any(p is not None and p.kind is p.VAR_POSITIONAL for p in params):
-        return factory(recipe, backend_options(recipe, registration))
-    return factory(recipe)
+    check_factory(factory, owner)
+    return check_backend(factory(recipe, backend_options(recipe, registration)), owner)
 
 
 def score_fn_from_recipe(recipe_path: str) -> Callable[..., float]:

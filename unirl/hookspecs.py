@@ -18,17 +18,19 @@ holding the recipe section's validated options (a plain dict when no class was
 registered), ``ctx`` a :class:`unirl.protocols.BuildContext` (recipe, run directory,
 model path, tokenizer, trainer).
 
-Registration callbacks all take ``register(name, factory, *, config_class=None,
-capabilities=None, description="")``:
+Backends register one :class:`unirl.contract.BackendSpec`: ``register(BackendSpec(name=...,
+backend=..., options=..., capabilities=..., mode=...))``. The other registration callbacks take
+``register(name, factory, *, config_class=None, description="", contract=None)``:
 
-- ``name``: what a recipe writes (``backend=native``, ``reward.name=arithmetic``);
+- ``name``: what a recipe writes (``reward.name=arithmetic``);
 - ``factory``: a callable building the component, or a ``"module:attr"`` string that is
   imported only when a recipe uses the component, so that registering never imports a
   framework;
 - ``config_class``: a dataclass whose fields are the component's recipe options, validated
-  by OmegaConf before anything is built;
-- ``capabilities``: for backends, a :class:`unirl.capabilities.Capabilities` declaring what
-  the backend runs natively, emulates or cannot express.
+  by OmegaConf before anything is built (a field made with :func:`unirl.userfiles.path_field`
+  is a path checked at load for the kind of thing it must name);
+- ``contract``: the contract version the plugin was written for (:mod:`unirl.contract`); None
+  means the current one.
 """
 
 from __future__ import annotations
@@ -54,9 +56,10 @@ hookspec = pluggy.HookspecMarker("unirl")
 def unirl_register_backends(register: Register) -> None:
     """Register training backends (``backend=NAME`` in a recipe).
 
-    Called once, when the plugin manager loads plugins. The factory is called as
-    ``factory(recipe, options) -> Backend``, ``options`` an instance of ``config_class`` holding
-    the recipe's ``backend_options`` (a factory taking only ``recipe`` is called so, unirl 0.1) (:class:`unirl.protocols.Backend`: ``build_trainer``, which
+    Called once, when the plugin manager loads plugins, with ``register(BackendSpec(...))``
+    (:class:`unirl.contract.BackendSpec`: name, factory, options class, capabilities, mode). The
+    factory is called as ``factory(recipe, options) -> Backend``, ``options`` an instance of the
+    spec's ``options`` class holding the recipe's ``backend_options`` (:class:`unirl.protocols.Backend`: ``build_trainer``, which
     returns an :class:`~unirl.protocols.EngineTrainer` or a :class:`~unirl.protocols.StageRunner`,
     and ``math``; for conformance L0 also :class:`~unirl.protocols.ConfigTranslator`'s
     ``translate`` and ``read_back``); it is imported only when a recipe selects the backend.

@@ -1,6 +1,7 @@
 """The shared metric names and the ``metrics.jsonl`` writer.
 
-Every backend writes the same names. One JSON object per optimizer step, with ``stage``
+Every backend writes the same names. One JSON object per step of a stage (an rl step may hold
+several optimizer steps: ``ppo_epochs`` x ``mini_batches``, averaged), with ``stage``
 (the stage name), ``stage_type``, ``step`` (1-based within the stage) and ``global_step``.
 Metrics under :data:`NONDETERMINISTIC_PREFIXES` measure the machine (wall time, memory) and
 are excluded when comparing two runs for determinism.

@@ -77,14 +77,12 @@ class PluginHost:
             for impl in caller.get_hookimpls():
                 info = self.plugins.get(impl.plugin_name, PluginInfo(impl.plugin_name))
 
-                def register(name: str, factory: Any, *, config_class: type | None = None,
-                             capabilities: Any = None, description: str = "",
+                def register(name: Any, factory: Any = None, *, config_class: type | None = None,
+                             capabilities: Any = None, description: str = "", contract: int | None = None,
                              _kind: str = kind, _info: PluginInfo = info) -> None:
-                    registry.add(Registration(
-                        kind=_kind, name=name, factory=factory, config_class=config_class,
-                        capabilities=capabilities, description=description,
-                        plugin=_info.name, distribution=_info.distribution,
-                    ))
+                    registry.add(_registration(_kind, _info, name, factory, config_class=config_class,
+                                               capabilities=capabilities, description=description,
+                                               contract=contract))
 
                 try:
                     impl.function(**({"register": register} if "register" in impl.argnames else {}))
@@ -96,6 +94,47 @@ class PluginHost:
                         f"while running {hook_name}: {type(exc).__name__}: {exc}"
                     ) from exc
         return registry
+
+
+def _registration(kind: str, info: PluginInfo, name: Any, factory: Any, *, config_class: type | None,
+                  capabilities: Any, description: str, contract: int | None) -> Registration:
+    """One ``register(...)`` call as a Registration, its contract version checked. A backend
+    registers a :class:`~unirl.contract.BackendSpec`; the contract-2 form ``register(name, factory,
+    config_class=..., capabilities=...)`` still works for a backend, with a DeprecationWarning, its
+    mode taken from ``Capabilities.mode`` (``backend_options.mode`` when its options have one)."""
+    from unirl.contract import BackendSpec, check_version
+
+    owner = f'plugin "{info.name}" (distribution {info.distribution or "unknown"})'
+    spec: BackendSpec | None
+    if isinstance(name, BackendSpec):
+        spec = name
+        if kind != "backend":
+            raise PluginLoadError(f"{owner} registered a BackendSpec ({spec.name!r}) with a {kind} registration "
+                                  f"hook: register it in unirl_register_backends.")
+        check_version(spec.contract, f"{owner}, backend {spec.name!r},")
+        return Registration(kind=kind, name=spec.name, factory=spec.backend, config_class=spec.options,
+                            capabilities=spec.capabilities, description=spec.description, plugin=info.name,
+                            distribution=info.distribution, spec=spec)
+    if not isinstance(name, str) or factory is None:
+        raise PluginLoadError(f"{owner} called register({name!r}{', ...' if factory is not None else ''}) in its "
+                              f"{kind} registration hook: give register(name, factory, ...)"
+                              f"{' or register(BackendSpec(...))' if kind == 'backend' else ''}.")
+    check_version(contract, f"{owner}, {kind} {name!r},")
+    spec = None
+    if kind == "backend":
+        import warnings
+
+        declared = getattr(capabilities, "mode", None) or "engine"
+        has_mode_option = config_class is not None and "mode" in getattr(config_class, "__dataclass_fields__", {})
+        mode: Any = (lambda options, _d=declared: getattr(options, "mode", _d)) if has_mode_option else declared
+        warnings.warn(f"{owner} registers backend {name!r} with register(name, factory, ...), unirl contract 2: "
+                      f"register a unirl.contract.BackendSpec instead (its mode is taken from Capabilities.mode"
+                      f"{' and backend_options.mode' if has_mode_option else ''} until then).",
+                      DeprecationWarning, stacklevel=3)
+        spec = BackendSpec(name=name, backend=factory, options=config_class, capabilities=capabilities, mode=mode,
+                           contract=2, description=description)
+    return Registration(kind=kind, name=name, factory=factory, config_class=config_class, capabilities=capabilities,
+                        description=description, plugin=info.name, distribution=info.distribution, spec=spec)
 
 
 def _csv_env(name: str) -> set[str] | None:

@@ -134,7 +134,7 @@ class RolloutEngine(Protocol):
 class ReplayBuffer(Protocol):
     """Holds rollouts between generation and training, and decides what is trained on (``buffer.name``).
 
-    Each rl step ``add``\ s the batch it generated (rewards set), then asks ``take()`` what to
+    Each rl step adds the batch it generated (rewards set), then asks ``take()`` what to
     train on: the buffer chooses which sequences and in what order, and removes them; anything it
     neither returns nor keeps is dropped (the step records ``buffer/dropped``). The FIFO
     ``memory`` buffer returns everything it holds, oldest first; ``prioritized`` the best
@@ -328,6 +328,52 @@ class AlgorithmMath(Protocol):
                  beta: float, loss_type: str, label_smoothing: float) -> torch.Tensor: ...
 
 
+# -------------------------------------------------------------------------------------------
+# Optional members: what a part may also offer, each a protocol of its own (found with
+# ``isinstance``, never by probing for a name). The driver adds nothing when a part lacks one.
+# -------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class RankMetrics(Protocol):
+    """A trainer on several ranks: each rl and supervised step's row gets ``rank_metrics()``, the
+    ranks' peak memory (``memory/rank_peak_bytes``) and, with ``profile.collectives``, ``comm/*``."""
+
+    def rank_metrics(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class CountedCalls(Protocol):
+    """A rollout or reward served by worker pools (Ray): what the workers answered since the last
+    call and how many were replaced (``rollout/worker_restarts``), added to the step's row."""
+
+    def take_counts(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class FailureLog(Protocol):
+    """A reward that counts its failures by kind (``reward.on_error``): the run's totals in run.json."""
+
+    def take_failures(self) -> Mapping[str, int]: ...
+
+
+@runtime_checkable
+class Closeable(Protocol):
+    """A rollout or reward that holds processes or actors: closed once when the run ends."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class DirectBaselines(Protocol):
+    """A backend whose framework can run the recipe's job on its own, for ``unirl bench``: the argv
+    of the same job through ``unirl run`` and with the framework alone (:mod:`unirl.bench.direct`),
+    or None when it offers none for this recipe."""
+
+    def direct_baseline(self, recipe: Any, recipe_path: str, overrides: list[str], workdir: Any,
+                        steps: int) -> Any: ...
+
+
 @dataclass
 class BuildContext:
     """What factories receive besides their own config section."""
@@ -363,7 +409,3 @@ class ConfigTranslator(Protocol):
     def read_back(self, native: Any) -> list[tuple[str, Any]]:
         """The canonical ``(knob, value)`` pairs recovered from a native config."""
 
-
-#: Deprecated (unirl 0.1): the one-call-per-tensor trainer. Still accepted, wrapped by
-#: :class:`unirl.engine.legacy.LegacyTrainer` with a DeprecationWarning; removed in 0.3.
-Trainer = EngineTrainer

@@ -28,6 +28,8 @@ class Registration:
     description: str = ""
     plugin: str = ""
     distribution: str = ""
+    #: backends: the spec they registered (unirl.contract.BackendSpec), which decides the run mode
+    spec: Any = None
 
     def load(self) -> Callable[..., Any]:
         """Return the factory, importing it first if it was registered as ``"module:attr"``."""
@@ -45,7 +47,7 @@ class Registration:
                 f"{self.factory!r}: {type(exc).__name__}: {exc}. Is the framework it needs installed?"
             ) from exc
         self.factory = obj
-        return obj
+        return obj  # type: ignore[no-any-return]  # whatever the plugin's "module:attr" names
 
 
 @dataclass

@@ -14,7 +14,6 @@ The order of the two flips every step. Each measured step gives one paired ratio
 from __future__ import annotations
 
 import io
-import json
 import statistics
 import sys
 from pathlib import Path

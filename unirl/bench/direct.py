@@ -75,8 +75,9 @@ def timed(argv: Sequence[str], cwd: str | None = None) -> float:
 def prepare(backend: Any, recipe: Any, recipe_path: str, overrides: Sequence[str], workdir: Path,
             steps: int) -> DirectBaseline | None:
     """The backend's direct baseline, or None when it offers none for this recipe."""
-    make = getattr(backend, "direct_baseline", None)
-    if make is None:
+    from unirl.protocols import DirectBaselines
+
+    if not isinstance(backend, DirectBaselines):
         return None
     workdir.mkdir(parents=True, exist_ok=True)
-    return make(recipe, recipe_path, list(overrides), workdir, steps)
+    return backend.direct_baseline(recipe, recipe_path, list(overrides), workdir, steps)

@@ -17,6 +17,7 @@ from typing import Any
 
 from unirl import metrics as M
 from unirl.engine.phases import PHASE_METRICS
+from unirl.protocols import DirectBaselines
 
 
 @dataclass
@@ -350,8 +351,8 @@ def engine_mode(backend: str) -> bool:
     """Whether unirl runs the loop of ``backend`` (so its steps can alternate with the plain loops')."""
     from unirl.plugin_manager import get_plugin_host
 
-    caps = get_plugin_host().registry.get("backend", split_label(backend)[0]).capabilities
-    return caps is None or caps.mode != "trainer"
+    spec = get_plugin_host().registry.get("backend", split_label(backend)[0]).spec
+    return spec is None or spec.offers("engine")
 
 
 def run_ab(recipe: str, backend: str, overrides: Sequence[str], steps: int, warmup: int, workdir: Path,
@@ -387,7 +388,7 @@ def prepare_directs(recipe: str, loaded: Any, backends: Sequence[str], overrides
     for name in backends:
         recipe_b = load_recipe(recipe, [*overrides, *_backend_args(name)])
         backend = build_backend(recipe_b)
-        if getattr(backend, "direct_baseline", None) is None:
+        if not isinstance(backend, DirectBaselines):
             continue
         if progress:
             progress(f"{name}{DIRECT}", "prepare", 0)

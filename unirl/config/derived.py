@@ -28,3 +28,16 @@ def loss_norm_length(recipe: Any) -> int | None:
     """``L_norm`` of ``seq_mean_token_sum_norm``: ``algorithm.loss_norm_length`` or the rollout's
     ``max_new_tokens``."""
     return recipe.algorithm.loss_norm_length or recipe.rollout.get("max_new_tokens")
+
+
+def algorithm_section(**overrides: Any) -> Any:
+    """A recipe's ``algorithm`` section at its defaults with ``overrides`` (a DictConfig): what a
+    framework adapter's math builds its own config from when it is called outside a run."""
+    from omegaconf import OmegaConf
+
+    from unirl.config.schema import AlgorithmSection
+
+    algo = OmegaConf.structured(AlgorithmSection)
+    for k, v in overrides.items():
+        algo[k] = v
+    return algo

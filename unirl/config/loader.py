@@ -431,11 +431,16 @@ def _takes_recipe(check: Any) -> bool:
 
 
 def _check_eval(cfg: Any, backend_reg: Any, registry: Any) -> None:
+    from unirl.contract import run_mode
     from unirl.engine.evaluation import check_eval
 
-    caps = backend_reg.capabilities
-    trainer_mode = caps is not None and (caps.mode == "trainer" or cfg.backend_options.get("mode") == "trainer")
+    trainer_mode = run_mode(cfg, backend_reg) == "trainer"
     check_eval(cfg, registry.get("task", cfg.task.name).load() if cfg.eval.every else object, trainer_mode)
+
+
+def _engine_backends(registry: Any) -> list[str]:
+    """The installed backends that run in engine mode (always, or with their options)."""
+    return [r.name for r in registry.entries["backend"].values() if r.spec is not None and r.spec.offers("engine")]
 
 
 def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
@@ -447,25 +452,24 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
             others = [r.name for r in registry.entries["backend"].values()
                       if r.capabilities is not None and r.capabilities.support(key, value) is not Support.UNSUPPORTED]
             raise CapabilityError(backend=backend_reg.name, key=key, value=shown, supported_by=others)
-    trainer_mode = caps.mode == "trainer" or cfg.backend_options.get("mode") == "trainer"
+    from unirl.contract import run_mode
+
+    trainer_mode = run_mode(cfg, backend_reg) == "trainer"
     if trainer_mode and cfg.buffer.name != "memory" and any(st.type == "rl" for st in cfg.stages):
-        engines = [r.name for r in registry.entries["backend"].values()
-                   if r.capabilities is not None and r.capabilities.mode == "engine"]
+        engines = _engine_backends(registry)
         raise ConfigError(f"buffer.name={cfg.buffer.name!r} chooses what unirl's rl step trains on, but backend "
                           f"{backend_reg.name!r} runs in trainer mode: the framework's own loop trains on everything "
                           f"it generates and no buffer is built. Use buffer.name=memory, or an engine-mode backend "
                           f"({', '.join(engines)}).", key="buffer.name", value=cfg.buffer.name)
     staleness = cfg.rollout.get("max_staleness", 0)
     if trainer_mode and isinstance(staleness, int) and staleness > 0 and any(st.type == "rl" for st in cfg.stages):
-        engines = [r.name for r in registry.entries["backend"].values()
-                   if r.capabilities is not None and r.capabilities.mode == "engine"]
+        engines = _engine_backends(registry)
         raise ConfigError(f"rollout.max_staleness={staleness} lets unirl's rl step generate ahead of training, but "
                           f"backend {backend_reg.name!r} runs in trainer mode: the framework's own loop generates. Use "
                           f"rollout.max_staleness=0, or an engine-mode backend ({', '.join(engines)}).",
                           key="rollout.max_staleness", value=staleness)
     if trainer_mode and cfg.reward.get("on_error") == "skip_group" and any(st.type == "rl" for st in cfg.stages):
-        engines = [r.name for r in registry.entries["backend"].values()
-                   if r.capabilities is not None and r.capabilities.mode == "engine"]
+        engines = _engine_backends(registry)
         raise ConfigError(f"reward.on_error=skip_group leaves groups out of unirl's rl step, but backend "
                           f"{backend_reg.name!r} runs in trainer mode: the framework's own loop trains on every "
                           f"group it scores. Use reward.on_error=zero (or fail), or an engine-mode backend "

@@ -9,6 +9,10 @@ the rest of the process (a child started later must not try to join a finished g
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 #: the variables torch.distributed's env:// rendezvous and the frameworks read
 DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -44,7 +48,7 @@ def rank_environment(rank: int, world: int, port: int) -> RankEnvironment | None
     return RankEnvironment(dist.get_rank(), dist.get_world_size(), port)
 
 
-def local_device() -> "torch.device":
+def local_device() -> torch.device:
     """Where this process's trainer keeps its models and batches: the CUDA device that
     :func:`init_group` selected (``cuda:0`` outside a group) when CUDA is visible, else the CPU.
     Hide the GPUs (``CUDA_VISIBLE_DEVICES=``) to train on the CPU of a GPU machine."""

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from unirl.distributed import free_port
+from unirl.distributed.env import init_group
+from unirl.errors import RunError
 
 
 def _send(conn: Any, obj: Any) -> None:
@@ -59,8 +61,6 @@ def _on_cpu(obj: Any) -> Any:
         return dataclasses.replace(obj, **{f.name: _on_cpu(getattr(obj, f.name)) for f in dataclasses.fields(obj)
                                            if f.init})
     return obj
-from unirl.distributed.env import init_group
-from unirl.errors import RunError
 
 
 class LocalRanks:

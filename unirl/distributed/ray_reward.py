@@ -20,19 +20,17 @@ from unirl.distributed.ray_pool import ActorBody, ActorPool
 class RewardWorker(ActorBody):
     """The body of one reward actor: the recipe's reward as a batch function."""
 
-    def __init__(self, recipe: dict[str, Any], run_dir: str, threads: int) -> None:
+    def __init__(self, recipe: dict[str, Any], run_dir: str, threads: int, model_path: str = "") -> None:
         import torch
         from omegaconf import OmegaConf
 
         from unirl.components import build_component
-        from unirl.protocols import BuildContext
+        from unirl.rewards import worker_context
         from unirl.rewards.checked import as_batch_fn
 
         torch.set_num_threads(threads)
         cfg = OmegaConf.create(recipe)
-        model_path = str(cfg.model.path) if cfg.model.path is not None else ""
-        ctx = BuildContext(recipe=cfg, run_dir=run_dir, model_path=model_path)
-        fn = build_component(cfg, "reward", "reward", ctx)
+        fn = build_component(cfg, "reward", "reward", worker_context(cfg, run_dir, model_path))
         self.reward_range = getattr(fn, "reward_range", None)
         self.name = getattr(fn, "__qualname__", type(fn).__name__)
         self.fn = as_batch_fn(fn, data_source=str(cfg.task.name))
@@ -48,13 +46,13 @@ class RewardWorker(ActorBody):
 class RayRewardPool:
     """A batch reward function ``(prompts, completions, **fields) -> list`` served by Ray actors."""
 
-    def __init__(self, recipe: Any, workers: int) -> None:
+    def __init__(self, recipe: Any, workers: int, model_path: str = "") -> None:
         import torch
         from omegaconf import OmegaConf
 
         from unirl import metrics as M
 
-        args = (OmegaConf.to_container(recipe, resolve=True), str(recipe.run.dir), torch.get_num_threads())
+        args = (OmegaConf.to_container(recipe, resolve=True), str(recipe.run.dir), torch.get_num_threads(), model_path)
         self.pool = ActorPool(RewardWorker, args, workers, kind="reward", answered_key=M.REWARD_SCORED,
                               restarts_key=M.REWARD_RESTARTS)
         self.name, self.reward_range = self.pool.get(0, "describe")

@@ -142,8 +142,13 @@ class Driver:
         self._validation: list[Any] | None = None  # the task's validation examples (eval.every), read once
         self._ray: Any = None  # the run's Ray cluster (distributed.ray.enabled)
         self._last_checkpoint = 0  # the global step of the newest checkpoint (0: none, or the run's start)
-        self.capabilities = host.registry.get("backend", recipe.backend).capabilities or Capabilities()
+        from unirl.contract import run_mode
+
+        registration = host.registry.get("backend", recipe.backend)
+        self.capabilities = registration.capabilities or Capabilities()
         self.deviations = self.capabilities.deviations(recipe)
+        self.mode = run_mode(recipe, registration)  # decided once, by the backend's spec
+        self.trainer_mode = self.mode == "trainer"
 
     def build(self, run_dir: Path) -> Any:
         """Build the run's parts (backend, rollout, reward, buffer, task) as a run does; also used by
@@ -151,7 +156,7 @@ class Driver:
         import torch
 
         from unirl.components import build_backend, build_component
-        from unirl.contract import check_trainer, is_stage_runner
+        from unirl.contract import check_trainer
         from unirl.engine.stages import Components
         from unirl.models.loading import load_tokenizer
         from unirl.models.tiny import ensure_base_model
@@ -166,19 +171,14 @@ class Driver:
         registration = registry.get("backend", recipe.backend)
         backend = build_backend(recipe, self.host)
         owner = f"plugin {registration.plugin!r} (backend {recipe.backend!r})"
-        self._trainer = ctx.trainer = check_trainer(backend.build_trainer(ctx), owner)
-        self.trainer_mode = is_stage_runner(ctx.trainer)
+        self._trainer = ctx.trainer = check_trainer(backend.build_trainer(ctx), owner, self.mode)
 
         if recipe.distributed.ray.enabled:  # rollout and reward actors join it (unirl.distributed.ray_cluster)
             from unirl.distributed.ray_cluster import RayCluster
 
             self._ray = RayCluster(recipe, str(run_dir))
         torch.manual_seed(recipe.seed)  # building parts must not change what the run samples
-        math = None
-        if not self.trainer_mode:
-            from unirl.algorithms.reference import ReferenceMath
-
-            math = backend.math() if hasattr(backend, "math") else ReferenceMath()
+        math = None if self.trainer_mode else backend.math()
         # a stage runner generates with its framework's own engine: no rollout copy, no buffer
         rollout = None if self.trainer_mode else self._rollout(ctx)
         queue = None
@@ -211,8 +211,10 @@ class Driver:
 
     def _reward_failures(self, state: dict[str, Any]) -> int:
         """Add the reward's failures since the last call to the run's totals; return their number."""
-        take = getattr(self._parts.reward, "take_failures", None) if self._parts is not None else None
-        new = take() if take is not None else {}
+        from unirl.protocols import FailureLog
+
+        reward = self._parts.reward if self._parts is not None else None
+        new = reward.take_failures() if isinstance(reward, FailureLog) else {}
         totals = state.setdefault("reward_failures", {})
         for kind, count in new.items():
             totals[kind] = totals.get(kind, 0) + count
@@ -530,10 +532,11 @@ class Driver:
                 self._trainer.close()  # a trainer holding processes (data-parallel ranks) stops them
             if self._parts is not None:
                 self._reward_failures(state)  # those of a step that did not finish
-                if hasattr(self._parts.reward, "close"):
-                    self._parts.reward.close()  # an isolated reward's worker process
-                if hasattr(self._parts.rollout, "close"):
-                    self._parts.rollout.close()  # Ray rollout actors
+                from unirl.protocols import Closeable
+
+                for part in (self._parts.reward, self._parts.rollout):  # worker processes, Ray actors
+                    if isinstance(part, Closeable):
+                        part.close()
             if self._ray is not None:
                 self._ray.close()
             summary = {"status": status, "global_step": state["global_step"], "stage_index": state["stage_index"],

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from unirl.errors import ConfigError
+from unirl.protocols import CountedCalls
 
 REWARD_MEAN, PASS, EXAMPLES = "eval/reward_mean", "eval/pass_at_{k}", "eval/examples"
 
@@ -64,8 +65,8 @@ def evaluate(parts: Any, recipe: Any, examples: list[Any], global_step: int) -> 
     per_prompt = rewards.view(len(examples), ev.samples)
     row: dict[str, float] = {}
     for part in (parts.rollout, parts.reward):  # a Ray pool's counts: the step's row counts training samples only
-        take = getattr(part, "take_counts", None)
-        row.update({k: v for k, v in (take() if take is not None else {}).items() if k.endswith("_restarts")})
+        if isinstance(part, CountedCalls):
+            row.update({k: v for k, v in part.take_counts().items() if k.endswith("_restarts")})
     return {**row, REWARD_MEAN: float(rewards.mean()),
             PASS.format(k=ev.samples): float((per_prompt.max(dim=1).values >= ev.threshold).double().mean()),
             EXAMPLES: float(len(examples))}

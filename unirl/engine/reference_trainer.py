@@ -20,8 +20,13 @@ from typing import Any
 import torch
 
 from unirl.algorithms.aggregation import step_normaliser
-from unirl.algorithms.objectives import (dpo_objective, policy_objective, reward_model_objective, sft_objective,
-                                         value_objective)
+from unirl.algorithms.objectives import (
+    dpo_objective,
+    policy_objective,
+    reward_model_objective,
+    sft_objective,
+    value_objective,
+)
 from unirl.algorithms.policy_loss import sft_token_loss, token_entropy, token_logprobs, token_logprobs_and_entropy
 from unirl.batch import PairBatch, RolloutBatch, SFTBatch, on_device
 from unirl.config.derived import loss_norm_length

@@ -16,15 +16,25 @@ from typing import Any
 import torch
 
 from unirl import metrics as M
+from unirl.algorithms.policy_loss import truncated_is_weights
 from unirl.batch import RolloutBatch
 from unirl.config.derived import stage_needs
 from unirl.engine.collate import pair_batch, sft_batch, text_batch
 from unirl.engine.phases import PhaseTimer
 from unirl.engine.pipeline import GenerationQueue
 from unirl.engine.update import plan_update
-from unirl.algorithms.policy_loss import truncated_is_weights
 from unirl.errors import RunError
-from unirl.protocols import AlgorithmMath, EngineTrainer, ReplayBuffer, RewardFn, RolloutEngine, ScoreRequest, Task
+from unirl.protocols import (
+    AlgorithmMath,
+    CountedCalls,
+    EngineTrainer,
+    RankMetrics,
+    ReplayBuffer,
+    RewardFn,
+    RolloutEngine,
+    ScoreRequest,
+    Task,
+)
 
 
 @dataclass
@@ -51,9 +61,8 @@ def _timed_row(row: dict[str, float], tokens: float, timer: PhaseTimer, trainer:
     row.update(timer.row())
     row[M.THROUGHPUT] = tokens / row[M.TIME_STEP]
     # optional: a trainer on several ranks reports their memory and collectives (profile.collectives)
-    rank_metrics = getattr(trainer, "rank_metrics", None)
-    if rank_metrics is not None:
-        row.update(rank_metrics())
+    if isinstance(trainer, RankMetrics):
+        row.update(trainer.rank_metrics())
     return row
 
 
@@ -180,9 +189,8 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     if skipped_groups is not None:
         row[M.REWARD_SKIPPED_GROUPS] = float(skipped_groups)
     for part in (c.rollout, c.reward):  # Ray pools: what their workers answered this step, and replacements
-        counts = getattr(part, "take_counts", None)
-        if counts is not None:
-            row.update(counts())
+        if isinstance(part, CountedCalls):
+            row.update(part.take_counts())
     if kl is not None:
         row["kl/reward_mean"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
     if len(batch) != len(rollout) or dropped:  # the buffer selected: the curve stays over what was generated

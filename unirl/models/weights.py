@@ -8,9 +8,7 @@ version (e.g. the sync at a stage start right after the last step's). Trainers c
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping
-from types import SimpleNamespace
 from typing import Any
 
 from unirl import metrics as M
@@ -29,13 +27,6 @@ class WeightSync:
         if getattr(rollout, "shares_trainer_policy", False) or self._held.get(id(rollout)) == self.version:
             return {M.WEIGHT_SYNC_BYTES: 0.0}
         weights = full_weights()
-        load = getattr(rollout, "load_weights", None)
-        if load is not None:
-            load(weights)
-        else:  # a rollout written against unirl 0.1's update_weights(trainer)
-            warnings.warn(f"{type(rollout).__name__}.update_weights(trainer) is deprecated: implement "
-                          f"load_weights(weights) (unirl.protocols.RolloutEngine); removed in unirl 0.3",
-                          DeprecationWarning, stacklevel=3)
-            rollout.update_weights(SimpleNamespace(policy_weights=lambda: weights, policy_module=lambda: None))
+        rollout.load_weights(weights)
         self._held[id(rollout)] = self.version
         return {M.WEIGHT_SYNC_BYTES: float(sum(t.numel() * t.element_size() for t in weights.values()))}

@@ -37,6 +37,19 @@ def adapt_reward_fn(fn: Callable[..., Any], *, data_source: str = "unirl", polic
                          policy, warn)
 
 
+def worker_context(recipe: Any, run_dir: str, model_path: str) -> Any:
+    """The build context of a reward rebuilt in another process (``reward.isolation=process`` or
+    ``ray``): the run's model path and its tokenizer, as the in-process reward gets them."""
+    from unirl.protocols import BuildContext
+
+    tokenizer = None
+    if model_path:
+        from unirl.models.loading import load_tokenizer
+
+        tokenizer = load_tokenizer(model_path)
+    return BuildContext(recipe=recipe, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer)
+
+
 def build_reward(recipe: Any, ctx: Any = None, host: Any = None,
                  warn: Callable[[str], None] | None = None) -> CheckedReward:
     """The recipe's reward, checked, under its ``on_error`` policy, in this process or (with
@@ -49,12 +62,12 @@ def build_reward(recipe: Any, ctx: Any = None, host: Any = None,
     if policy.isolation == "ray":
         from unirl.distributed.ray_reward import RayRewardPool
 
-        pool = RayRewardPool(recipe, policy.workers)
+        pool = RayRewardPool(recipe, policy.workers, ctx.model_path if ctx is not None else "")
         return CheckedReward(pool, pool.name, pool.reward_range, policy, warn, close=pool.close)
     if policy.isolation == "process":
         from unirl.rewards.isolation import ProcessReward
 
-        worker = ProcessReward(recipe, policy)
+        worker = ProcessReward(recipe, policy, ctx.model_path if ctx is not None else "")
         return CheckedReward(worker, worker.name, worker.reward_range, policy, warn, close=worker.close)
     return adapt_reward_fn(build_component(recipe, "reward", "reward", ctx, host), data_source=recipe.task.name,
                            policy=policy, warn=warn)

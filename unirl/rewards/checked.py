@@ -100,8 +100,9 @@ class CheckedReward:
 
     def take_counts(self) -> dict[str, float]:
         """A Ray pool's counts since the last call (completions scored, workers replaced); else none."""
-        take = getattr(self.batch_fn, "take_counts", None)
-        return take() if take is not None else {}
+        from unirl.protocols import CountedCalls
+
+        return self.batch_fn.take_counts() if isinstance(self.batch_fn, CountedCalls) else {}
 
     # -- the call --------------------------------------------------------------------------------
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **kwargs: Any) -> list[float]:

@@ -73,17 +73,18 @@ def _where_raised(tb: str) -> str:
     return frames[-1] if frames else "?"
 
 
-def _worker(conn: Any, recipe_data: dict[str, Any], memory_mb: int) -> None:
+def _worker(conn: Any, recipe_data: dict[str, Any], memory_mb: int, model_path: str = "") -> None:
     """The worker process: build the reward, then answer ``("call", prompts, completions, fields)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     try:
         from omegaconf import OmegaConf
 
         from unirl.components import build_component
+        from unirl.rewards import worker_context
         from unirl.rewards.checked import as_batch_fn, reward_name
 
         recipe = OmegaConf.create(recipe_data)
-        fn = build_component(recipe, "reward", "reward")
+        fn = build_component(recipe, "reward", "reward", worker_context(recipe, str(recipe.run.dir), model_path))
         batch_fn = as_batch_fn(fn, data_source=recipe.task.name)
         declared = getattr(fn, "reward_range", None)
         ready = ("ready", reward_name(fn), tuple(declared) if declared is not None else None)
@@ -129,10 +130,10 @@ class ProcessReward:
     ``name`` and ``reward_range`` are the built reward's, reported by the worker at start-up.
     """
 
-    def __init__(self, recipe: Any, policy: RewardPolicy) -> None:
+    def __init__(self, recipe: Any, policy: RewardPolicy, model_path: str = "") -> None:
         from omegaconf import OmegaConf
 
-        self.policy = policy
+        self.policy, self.model_path = policy, model_path
         self._data = OmegaConf.to_container(recipe, resolve=True)
         self._proc: Any = None
         self._conn: Any = None
@@ -146,7 +147,7 @@ class ProcessReward:
 
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(child, self._data, self.policy.memory_mb), daemon=True,
+        proc = ctx.Process(target=_worker, args=(child, self._data, self.policy.memory_mb, self.model_path), daemon=True,
                            name="unirl-reward-worker")
         proc.start()
         child.close()  # the worker holds the only copy: its death reads as end-of-file here

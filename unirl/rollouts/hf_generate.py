@@ -24,9 +24,8 @@ class HFGenerateRollout:
         if shared is not None:
             self.model, self.shares_trainer_policy = shared, True
         else:
-            from unirl.models.loading import load_causal_lm
-
             from unirl.distributed.env import local_device
+            from unirl.models.loading import load_causal_lm
 
             model = load_causal_lm(ctx.model_path, ctx.recipe.model.dtype).to(local_device())
             self.model, self.shares_trainer_policy = model, False

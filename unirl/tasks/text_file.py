@@ -11,7 +11,6 @@ from unirl.protocols import Example
 from unirl.tasks.rng import rng_state, set_rng_state
 from unirl.userfiles import PathKind, path_field
 
-
 FIX = "Point task.path at a UTF-8 text file with one document per line."
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from unirl.capabilities import Support
+from unirl.protocols import ConfigTranslator
 from unirl.testing.knobs import shown
 from unirl.testing.results import CheckResult
-
 
 #: Why a reference backend's L0 / L1 cells are not passes.
 REFERENCE_REASON = ("reference: backend {backend!r} computes with unirl's reference functions and is configured by "
@@ -71,15 +71,13 @@ class KitContext:
         itself, so they are reported as the reference, not as passes. L2 and L3 still check it."""
         from unirl.algorithms.reference import ReferenceMath
         from unirl.config import load_recipe
-
         from unirl.config.choices import STAGE_TYPES
 
         stage = next((t for t in STAGE_TYPES if self.claims("stages.type", t)), "sft")
         backend = self.backend_object(load_recipe(None, [f"backend={self.backend}",
                                                          f"stages=[{{name: s, type: {stage}, steps: 1}}]"],
                                                   host=self.host))
-        math = backend.math() if hasattr(backend, "math") else None
-        return type(math) is ReferenceMath and not hasattr(backend, "translate")
+        return type(backend.math()) is ReferenceMath and not isinstance(backend, ConfigTranslator)
 
     def reference_skip(self, check: str, level: str, knobs: dict[str, Any]) -> CheckResult:
         return CheckResult(check, level, "skipped", knobs, reason=REFERENCE_REASON.format(backend=self.backend))

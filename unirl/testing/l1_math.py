@@ -53,15 +53,10 @@ def make_algo(ctx: KitContext | None = None, **overrides: Any) -> Any:
     """The algorithm section of a check: defaults, ``overrides``, and the values the backend
     under test hard-codes (``Capabilities.fixed``, approximate ones), so a check compares the
     framework with the reference at the value it actually computes."""
-    from omegaconf import OmegaConf
+    from unirl.config.derived import algorithm_section
 
-    from unirl.config.schema import AlgorithmSection
-
-    algo = OmegaConf.structured(AlgorithmSection)
     fixed = ctx.fixed_algorithm() if ctx is not None else {}
-    for k, v in {"group_size": GROUP, **fixed, **overrides}.items():
-        algo[k] = v
-    return algo
+    return algorithm_section(**{"group_size": GROUP, **fixed, **overrides})
 
 
 def _math(ctx: KitContext) -> Any:
@@ -70,7 +65,7 @@ def _math(ctx: KitContext) -> Any:
         recipe = ctx.recipe(["stages=[{name: s, type: rl, steps: 1}]"] if ctx.claims("stages.type", "rl")
                             else ["stages=[{name: s, type: sft, steps: 1}]"])
         backend = ctx.backend_object(recipe)
-        ctx.cache["l1_math"] = backend.math() if hasattr(backend, "math") else None
+        ctx.cache["l1_math"] = backend.math()
     return ctx.cache["l1_math"]
 
 

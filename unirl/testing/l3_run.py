@@ -81,7 +81,6 @@ def _extra(ctx: KitContext) -> dict[str, str]:
 def check_resume(ctx: KitContext, *, overrides: list[str] | None = None, steps: int | None = None) -> CheckResult:
     """Stopped part way and resumed, a run ends with the weights and metrics of an uninterrupted
     one; ``overrides`` (e.g. a plugin's task, reward or buffer) are added to the recipe."""
-    import torch
     from safetensors.torch import load_file
 
     from unirl.metrics import deterministic_view, read_metrics

@@ -14,7 +14,7 @@ class DeepSpeedBackend:
 
     name = "deepspeed"
 
-    def __init__(self, recipe: Any) -> None:
+    def __init__(self, recipe: Any, options: Any = None) -> None:  # options: none (no backend_options)
         self.recipe = recipe
 
     def build_trainer(self, ctx: BuildContext) -> Any:

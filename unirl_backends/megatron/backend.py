@@ -70,7 +70,7 @@ class MegatronBackend:
 
     name = "megatron"
 
-    def __init__(self, recipe: Any) -> None:
+    def __init__(self, recipe: Any, options: Any = None) -> None:  # options: none (no backend_options)
         self.recipe = recipe
 
     def build_trainer(self, ctx: BuildContext) -> MegatronTrainer:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from unirl import hookimpl
 from unirl.capabilities import Capabilities, all_values
+from unirl.contract import BackendSpec
 
 #: Every loss and advantage is the reference function on Megatron's GPTModel; the reward model
 #: (stages.type=rm) and the critic (advantage=gae) are mbridge's scalar-head value models.
 #: ``parallel``: any tp, pp and dp (Megatron's own layouts), zero_stage 0 or 1 (1: Megatron's
 #: distributed optimizer, the optimizer states sharded over the dp ranks; docs/backends/megatron.md).
-CAPABILITIES = Capabilities(mode="engine", knobs=all_values(), parallel={"dp": None, "tp": None, "pp": None,
+CAPABILITIES = Capabilities(knobs=all_values(), parallel={"dp": None, "tp": None, "pp": None,
                                                                          "zero_stage": (0, 1)})
 
 
 @hookimpl
 def unirl_register_backends(register):
-    register("megatron", "unirl_backends.megatron.backend:MegatronBackend", capabilities=CAPABILITIES,
-             description="Megatron-core GPTModel: tensor / pipeline / data parallel, reference losses")
+    register(BackendSpec(name="megatron", backend="unirl_backends.megatron.backend:MegatronBackend",
+                         options=None, capabilities=CAPABILITIES, mode="engine",
+                         description="Megatron-core GPTModel: tensor / pipeline / data parallel, reference losses"))

@@ -33,7 +33,6 @@ from unirl.engine.reference_trainer import ReferenceTrainer
 from unirl.errors import ConfigError
 from unirl.models.loading import load_tokenizer
 from unirl.protocols import ScoreRequest, Scores
-
 from unirl_backends.megatron.bridge import export_state, make_bridge
 from unirl_backends.megatron.models import SCORERS, MegatronModelSet, last_tokens, unwrap
 
@@ -52,7 +51,8 @@ class MegatronRank(ReferenceTrainer):
     """The reference trainer on one Megatron rank (built inside :func:`.cpu_compat.cuda_on_cpu`)."""
 
     def __init__(self, recipe: Any, model_path: str) -> None:
-        from megatron.core import parallel_state as ps, tensor_parallel
+        from megatron.core import parallel_state as ps
+        from megatron.core import tensor_parallel
         from transformers import AutoConfig
 
         if recipe.model.dtype != "float32":

@@ -30,6 +30,7 @@ from unirl.models.lifecycle import ModelSet
 from unirl.models.loading import load_tokenizer
 from unirl.protocols import BuildContext
 
+
 def _full(everywhere: bool = True) -> Any:
     """Whole (unsharded) states, on every rank or (``everywhere=False``) on rank 0 only."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions

@@ -23,6 +23,7 @@ from unirl.engine.deepspeed import DS_DTYPE, adamw
 from unirl_backends.openrlhf.loader import load
 from unirl_backends.openrlhf.translate import NO_CLIP
 
+
 def init_distributed() -> Any:
     """One gloo (NCCL on GPUs) group of one rank, joined by DeepSpeed's communication layer.
     Returns the :class:`unirl.distributed.env.RankEnvironment` it set (the trainer restores it

@@ -1,4 +1,4 @@
-"""Prepare one ``rl`` or ``dpo`` stage for OpenRLHF's own entry points (trainer mode), and the old command line.
+"""Prepare one ``rl`` or ``dpo`` stage for OpenRLHF's own entry points (trainer mode).
 
 Trainer mode is ``unirl run RECIPE backend=openrlhf backend_options.mode=trainer``
 (:class:`unirl_backends.openrlhf.framework.OpenRLHFEntryPoints`). For each stage,
@@ -10,19 +10,11 @@ interface, ``--reward.remote_url FILE.py``) calls the recipe's unirl reward; it 
 command ``python -m openrlhf.cli.train_ppo_ray`` / ``deepspeed --module openrlhf.cli.train_dpo``
 with the arguments of :mod:`unirl_backends.openrlhf.translate` (parsed by OpenRLHF's own parser
 first), the GPU placement, TensorBoard logging and where the trained model goes.
-
-    python -m unirl_backends.openrlhf.launch RECIPE [key=value ...] [--stage NAME] [--gpus N] [--dry-run]
-
-is the earlier, separate command for one stage (kept as a thin wrapper; prefer ``unirl run``,
-which also writes ``metrics.jsonl``, ``run.json`` and the exported model).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import shlex
-import subprocess
 import sys
 import threading
 from collections.abc import Sequence
@@ -30,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unirl.errors import ConfigError, UnirlError, UsageError
+from unirl.errors import ConfigError
 from unirl_backends.openrlhf.plugin import zero_stage
 
 
@@ -143,55 +135,3 @@ def entry_command(cli: str, gpus: str) -> list[str]:
     if cli == "train_ppo_ray":
         return [sys.executable, "-m", "openrlhf.cli.train_ppo_ray"]
     return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", gpus, "--module", f"openrlhf.cli.{cli}"]
-
-
-def prepare(recipe: Any, stage_name: str | None, gpus: int) -> tuple[list[str], Path]:
-    """The old command line's step: one rl or dpo stage (``stage_name``, or the first) of ``recipe``."""
-    from unirl.models.tiny import ensure_base_model
-
-    stages = [s for s in recipe.stages if s.type in ("rl", "dpo")]
-    stage = next((s for s in stages if s.name == stage_name), None) if stage_name else (stages[0] if stages else None)
-    if stage is None:
-        names = ", ".join(repr(s.name) for s in stages) or "none"
-        raise ConfigError(f"--stage={stage_name!r}: trainer mode runs one rl or dpo stage; this recipe's: {names}.",
-                          key="stages", value=stage_name)
-    out = Path(recipe.run.dir) / "openrlhf"
-    options = {**dict(recipe.backend_options or {}), "n_gpus_per_node": gpus}
-    prepared = prepare_stage(recipe, stage, model_path=ensure_base_model(recipe), out=out, options=options)
-    return prepared.cmd, out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unirl_backends.openrlhf.launch", description=__doc__.split("\n")[0])
-    parser.add_argument("recipe")
-    parser.add_argument("overrides", nargs="*", help="key=value recipe overrides")
-    parser.add_argument("--stage", default=None, help="the rl or dpo stage to run (default: the first)")
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs per node for the actor, reference and vLLM")
-    parser.add_argument("--dry-run", action="store_true", help="write the files and print the command only")
-    args = parser.parse_args(argv)
-    print("note: prefer `unirl run RECIPE backend=openrlhf backend_options.mode=trainer` (all rl / dpo stages, "
-          "metrics.jsonl, run.json, the exported model); this command runs one stage and is kept for older scripts.",
-          file=sys.stderr)
-    try:
-        from unirl.config import load_recipe
-
-        recipe = load_recipe(args.recipe, [*args.overrides, "backend=openrlhf"])
-        if not args.dry_run:
-            import torch
-
-            if not torch.cuda.is_available():
-                raise UsageError("trainer mode runs OpenRLHF's Ray trainers, which need CUDA devices (vLLM, NCCL, "
-                                 "flash-attn); on this machine use engine mode (`unirl run RECIPE backend=openrlhf`) "
-                                 "or --dry-run to check the translation.")
-        cmd, _ = prepare(recipe, args.stage, args.gpus)
-    except UnirlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print("[openrlhf] " + shlex.join(cmd))
-    if args.dry_run:
-        return 0
-    return subprocess.call(cmd)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

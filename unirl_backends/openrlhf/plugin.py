@@ -12,6 +12,7 @@ from typing import Any
 
 from unirl import hookimpl
 from unirl.capabilities import ON, Capabilities, Fixed, Support
+from unirl.contract import BackendSpec
 from unirl.subprocess_stage import missing_on_this_machine, refused_stages
 
 N = Support.NATIVE
@@ -19,7 +20,6 @@ _RL = ("stages.type", "rl")
 _EM = "openrlhf/trainer/ppo_utils/experience_maker.py"
 
 CAPABILITIES = Capabilities(
-    mode="engine",
     knobs={
         # sft/cpt: SFTLoss; dpo: DPOLoss; rm: PairWiseLoss; rl: PolicyLoss (+ KL, entropy)
         "stages.type": {"sft": N, "cpt": N, "dpo": N, "rm": N, "rl": N},
@@ -73,7 +73,7 @@ class OpenRLHFOptions:
 
     mode: str = "engine"  # engine | trainer
     dry_run: bool = False  # trainer mode: prepare the first stage and print its command only
-    zero_stage: int = 0  # 3: trainer mode's --ds.zero_stage 3; 1-2 deprecated (parallel.zero_stage, every backend)
+    zero_stage: int = 0  # 3: trainer mode's --ds.zero_stage 3 (ZeRO 0-2: parallel.zero_stage, every backend)
     param_dtype: str = ""  # trainer mode: --ds.param_dtype (bf16 | fp16); engine mode trains in model.dtype
     n_gpus_per_node: int = 1  # trainer mode: GPUs for the actor, the reference and vLLM engines (colocated)
 
@@ -82,18 +82,11 @@ class OpenRLHFOptions:
         if cfg.mode not in ("engine", "trainer"):
             return (f"mode={cfg.mode!r}; allowed: 'engine' (unirl's loop on OpenRLHF's losses), 'trainer' "
                     f"(OpenRLHF's own train_ppo_ray / train_dpo, GPU).")
-        if cfg.zero_stage not in (0, 1, 2, 3):
-            return f"zero_stage={cfg.zero_stage}; allowed: 0, 1, 2 (and 3 with mode=trainer)."
-        if cfg.zero_stage in (1, 2):  # 3 (trainer mode only) has no recipe key yet: not deprecated
-            import warnings
-
-            warnings.warn("backend_options.zero_stage is deprecated for stages 1 and 2 and will be removed in unirl "
-                          "0.3: set parallel.zero_stage, which every DeepSpeed-based backend reads",
-                          DeprecationWarning, stacklevel=2)
-            asked = recipe.parallel.zero_stage if recipe is not None else 0
-            if asked and asked != cfg.zero_stage:
-                return (f"zero_stage={cfg.zero_stage} contradicts parallel.zero_stage={asked}; set only "
-                        f"parallel.zero_stage.")
+        if cfg.zero_stage in (1, 2):
+            return (f"zero_stage={cfg.zero_stage}: ZeRO stages 1 and 2 are parallel.zero_stage={cfg.zero_stage}, as on "
+                    f"every DeepSpeed-based backend (backend_options.zero_stage takes only 3, for mode=trainer).")
+        if cfg.zero_stage not in (0, 3):
+            return f"zero_stage={cfg.zero_stage}; allowed: 3 with mode=trainer (ZeRO 0-2: parallel.zero_stage)."
         if cfg.zero_stage == 3 and cfg.mode == "engine":
             return ("zero_stage=3 partitions the parameters, which the in-process rollout and the frozen reference "
                     "copy cannot read yet (measured: GRPO fails on DeepSpeed's partitioned Parameter); allowed: 0, 1, "
@@ -118,16 +111,21 @@ class OpenRLHFOptions:
 
 
 def zero_stage(recipe: Any, options: Any) -> int:
-    """The DeepSpeed ZeRO stage a run uses: ``parallel.zero_stage``, or the deprecated
-    ``backend_options.zero_stage`` when only that is set (--ds.zero_stage in trainer mode)."""
+    """The DeepSpeed ZeRO stage a run uses: ``parallel.zero_stage``, or 3 when trainer mode asks for
+    it with ``backend_options.zero_stage=3`` (--ds.zero_stage 3)."""
     asked = int(recipe.parallel.zero_stage) if recipe is not None else 0
-    legacy = options.get("zero_stage", 0) if isinstance(options, dict) else getattr(options, "zero_stage", 0)
-    return asked or int(legacy or 0)
+    trainer_zero3 = options.get("zero_stage", 0) if isinstance(options, dict) else getattr(options, "zero_stage", 0)
+    return asked or int(trainer_zero3 or 0)
+
+
+def run_mode(options: OpenRLHFOptions) -> str:
+    """``backend_options.mode``: engine (unirl's loop on the framework's code) or trainer (its own)."""
+    return options.mode
 
 
 @hookimpl
 def unirl_register_backends(register):
-    register("openrlhf", "unirl_backends.openrlhf.backend:OpenRLHFBackend", capabilities=CAPABILITIES,
-             config_class=OpenRLHFOptions,
-             description="OpenRLHF 0.11.2: its losses, KL and advantages on a DeepSpeed ZeRO engine (engine mode); "
-                         "train_ppo_ray / train_dpo (backend_options.mode=trainer, GPU)")
+    register(BackendSpec(name="openrlhf", backend="unirl_backends.openrlhf.backend:OpenRLHFBackend",
+                         options=OpenRLHFOptions, capabilities=CAPABILITIES, mode=run_mode,
+                         description="OpenRLHF 0.11.2: its losses, KL and advantages on a DeepSpeed ZeRO engine (engine mode); "
+                                  "train_ppo_ray / train_dpo (backend_options.mode=trainer, GPU)"))

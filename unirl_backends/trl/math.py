@@ -105,19 +105,20 @@ class TRLMath:
         return self._grpo_loss(trainer, logp, old_logp, ref_logp if algo.kl_loss_coef > 0 else None, advantages, mask)
 
     def aggregate(self, loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm_length: int) -> torch.Tensor:
-        from unirl.testing.l1_math import make_algo
+        from unirl.config.derived import algorithm_section
 
-        trainer = self._trainer(make_algo(loss_agg=mode), loss_mat.shape[0], norm_length)
+        trainer = self._trainer(algorithm_section(loss_agg=mode, group_size=loss_mat.shape[0]), loss_mat.shape[0],
+                                norm_length)  # one group: aggregation does not depend on grouping
         zeros = torch.zeros_like(loss_mat)
         return self._grpo_loss(trainer, zeros, zeros, None, -loss_mat, mask)
 
     def kl(self, logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str, clamp: float | None) -> torch.Tensor:
-        from unirl.testing.l1_math import make_algo
+        from unirl.config.derived import algorithm_section
 
         if estimator != "k3" or clamp is not None:
             raise ValueError(f"TRL computes only k3 without a clamp (asked: {estimator}, clamp={clamp})")
         b, length = logp.shape
-        trainer = self._trainer(make_algo(loss_agg="token_mean", kl_loss_coef=1.0, group_size=b), b, length)
+        trainer = self._trainer(algorithm_section(loss_agg="token_mean", kl_loss_coef=1.0, group_size=b), b, length)
         out = torch.zeros_like(logp)
         zeros = torch.zeros_like(logp)
         for i in range(b):
@@ -150,9 +151,9 @@ class TRLMath:
 
     def dpo_loss(self, pi_c: torch.Tensor, pi_r: torch.Tensor, ref_c: torch.Tensor, ref_r: torch.Tensor, *,
                  beta: float, loss_type: str, label_smoothing: float) -> torch.Tensor:
-        from unirl.testing.l1_math import make_algo
+        from unirl.config.derived import algorithm_section
 
-        trainer = self._trainer(make_algo(beta=beta, dpo_loss=loss_type, label_smoothing=label_smoothing), 1, 1,
+        trainer = self._trainer(algorithm_section(beta=beta, dpo_loss=loss_type, label_smoothing=label_smoothing), 1, 1,
                                 stage_type="dpo")
         trainer.precompute_ref_logps = True
         losses = []

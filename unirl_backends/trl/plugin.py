@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 from unirl import hookimpl
 from unirl.capabilities import Capabilities, Fixed, Support
+from unirl.contract import BackendSpec
 
 N = Support.NATIVE
 _RL = ("stages.type", "rl")
 
 CAPABILITIES = Capabilities(
-    mode="trainer",
     knobs={
         # SFTTrainer (sft: completion-only loss; cpt: raw text), DPOTrainer, GRPOTrainer.
         # rm: TRL's RewardTrainer is not wired up yet.
@@ -77,5 +77,6 @@ class TRLOptions:
 
 @hookimpl
 def unirl_register_backends(register):
-    register("trl", "unirl_backends.trl.backend:TRLBackend", capabilities=CAPABILITIES, config_class=TRLOptions,
-             description="TRL 1.16: SFTTrainer, DPOTrainer, GRPOTrainer run each stage with their own loop")
+    register(BackendSpec(name="trl", backend="unirl_backends.trl.backend:TRLBackend",
+                         options=TRLOptions, capabilities=CAPABILITIES, mode="trainer",
+                         description="TRL 1.16: SFTTrainer, DPOTrainer, GRPOTrainer run each stage with their own loop"))

@@ -24,7 +24,7 @@ from typing import Any
 
 from unirl import metrics as M
 from unirl.errors import RunError
-from unirl.subprocess_stage import StageLaunch, SubprocessStageRunner, Step, number
+from unirl.subprocess_stage import StageLaunch, Step, SubprocessStageRunner, number
 
 #: verl metric name -> unirl's shared name. verl's ``critic/score`` is the reward function's
 #: score (``critic/rewards`` has the KL penalty subtracted); ``perf/throughput`` is per GPU.

@@ -1,4 +1,4 @@
-"""Prepare one ``rl`` stage for verl's own ``main_ppo`` (trainer mode), and the old command line.
+"""Prepare one ``rl`` stage for verl's own ``main_ppo`` (trainer mode).
 
 Trainer mode is ``unirl run RECIPE backend=verl backend_options.mode=trainer``
 (:class:`unirl_backends.verl.framework.VerlMainPPO`). For each stage, :func:`prepare_stage`
@@ -14,26 +14,15 @@ verl's agent loop applies the tokenizer's chat template to the prompt messages. 
 without one gets the identity template (the prompt text as it is, what unirl's engine mode
 generates from) through verl's ``actor_rollout_ref.model.custom_chat_template``: nothing is
 ever written into a model directory.
-
-    python -m unirl_backends.verl.launch RECIPE [key=value ...] [--stage NAME] [--dry-run]
-
-is the earlier, separate command for one stage (kept as a thin wrapper; prefer ``unirl run``,
-which also writes ``metrics.jsonl``, ``run.json`` and the exported model).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import shlex
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-from unirl.errors import ConfigError, UnirlError, UsageError
 
 #: the prompt text as it is: what unirl's own rollouts generate from
 IDENTITY_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
@@ -104,58 +93,3 @@ def prepare_stage(recipe: Any, stage: Any, *, model_path: str, out: Path, option
 
 def main_ppo_command(overrides: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
-
-
-def prepare(recipe: Any, stage_name: str | None = None, **_: Any) -> tuple[list[str], Path]:
-    """The old command line's step: one rl stage (``stage_name``, or the first) of ``recipe``."""
-    from unirl.models.tiny import ensure_base_model
-
-    rl = [s for s in recipe.stages if s.type == "rl"]
-    stage = next((s for s in rl if s.name == stage_name), None) if stage_name else (rl[0] if rl else None)
-    if stage is None:
-        names = ", ".join(repr(s.name) for s in rl) or "none"
-        raise ConfigError(f"--stage={stage_name!r}: trainer mode runs one rl stage of the recipe; its rl stages: "
-                          f"{names}.", key="stages", value=stage_name)
-    out = Path(recipe.run.dir) / "verl"
-    overrides = prepare_stage(recipe, stage, model_path=ensure_base_model(recipe), out=out,
-                              options=dict(recipe.backend_options or {}))
-    return overrides, out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unirl_backends.verl.launch", description=__doc__.split("\n")[0])
-    parser.add_argument("recipe")
-    parser.add_argument("overrides", nargs="*", help="key=value recipe overrides")
-    parser.add_argument("--stage", default=None, help="the rl stage to run (default: the first)")
-    parser.add_argument("--dry-run", action="store_true", help="write the files and print the command only")
-    parser.add_argument("--identity-chat-template", action="store_true",
-                        help="(the default now: a tokenizer without a chat template gets the identity one, in memory)")
-    args = parser.parse_args(argv)
-    print("note: prefer `unirl run RECIPE backend=verl backend_options.mode=trainer` (all rl stages, metrics.jsonl, "
-          "run.json, the exported model); this command runs one stage and is kept for older scripts.",
-          file=sys.stderr)
-    try:
-        from unirl.config import load_recipe
-
-        recipe = load_recipe(args.recipe, [*args.overrides, "backend=verl"])
-        if not args.dry_run:
-            import torch
-
-            if not torch.cuda.is_available():
-                raise UsageError("trainer mode runs verl's main_ppo, whose rollout engines (vLLM, SGLang) need a CUDA "
-                                 "device; on this machine use engine mode (`unirl run RECIPE backend=verl`) or "
-                                 "--dry-run to check the translation.")
-        overrides, out = prepare(recipe, args.stage)
-    except UnirlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    cmd = main_ppo_command(overrides)
-    print("[verl] " + shlex.join(cmd))
-    if args.dry_run:
-        return 0
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(out), os.environ.get("PYTHONPATH")]))}
-    return subprocess.call(cmd, env=env)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,6 +13,7 @@ from typing import Any
 
 from unirl import hookimpl
 from unirl.capabilities import ON, Capabilities, Fixed, Support
+from unirl.contract import BackendSpec
 from unirl.subprocess_stage import missing_on_this_machine, refused_stages
 
 N, E = Support.NATIVE, Support.EMULATED
@@ -20,7 +21,6 @@ _RL = ("stages.type", "rl")
 _ALGOS = "verl/trainer/ppo/core_algos.py"
 
 CAPABILITIES = Capabilities(
-    mode="engine",
     knobs={
         # sft/cpt: verl's sft_loss on the TrainingWorker. verl has no DPO or pairwise RM loss.
         "stages.type": {"sft": N, "cpt": N, "rl": N},
@@ -98,8 +98,14 @@ class VerlOptions:
                                            "and print the command")
 
 
+def run_mode(options: VerlOptions) -> str:
+    """``backend_options.mode``: engine (unirl's loop on the framework's code) or trainer (its own)."""
+    return options.mode
+
+
 @hookimpl
 def unirl_register_backends(register):
-    register("verl", "unirl_backends.verl.backend:VerlBackend", capabilities=CAPABILITIES, config_class=VerlOptions,
-             description="verl 0.9.1: FSDP2 TrainingWorker and core_algos (engine mode, CPU and GPU); "
-                         "main_ppo (backend_options.mode=trainer, GPU)")
+    register(BackendSpec(name="verl", backend="unirl_backends.verl.backend:VerlBackend",
+                         options=VerlOptions, capabilities=CAPABILITIES, mode=run_mode,
+                         description="verl 0.9.1: FSDP2 TrainingWorker and core_algos (engine mode, CPU and GPU); "
+                                  "main_ppo (backend_options.mode=trainer, GPU)"))

@@ -131,8 +131,11 @@ class PolicyRank:
         driver asks for) they are gathered to rank 0 only (torch's ``full_state_dict`` with
         ``cpu_offload``): the other ranks take part in the gather and return empty dicts, so
         one copy crosses to the driver."""
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         engine = getattr(self, which).engine
         opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
@@ -160,8 +163,11 @@ class PolicyRank:
         return out
 
     def load_full_state(self, model: dict, optim: dict | None = None, which: str = "policy") -> None:
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         if which == "reference" and self.reference is None:
             self.reference = self._worker()

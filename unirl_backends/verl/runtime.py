@@ -42,7 +42,6 @@ def import_verl() -> Any:
 def trl_has_value_head() -> bool:
     """Whether the installed TRL still has ``AutoModelForCausalLMWithValueHead`` (TRL 1.x removed it)."""
     import importlib.util
-
     import warnings
 
     if importlib.util.find_spec("trl") is None:

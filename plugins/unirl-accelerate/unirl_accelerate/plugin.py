@@ -7,6 +7,7 @@ from typing import Any
 
 from unirl import hookimpl
 from unirl.capabilities import Capabilities, Support, all_values
+from unirl.contract import BackendSpec
 
 #: Every canonical value the reference losses compute, except those that need a critic or a
 #: reward model: this engine steps the policy only (a recipe asking for them exits 2).
@@ -14,7 +15,7 @@ KNOBS = all_values()
 KNOBS["stages.type"] = {k: v for k, v in KNOBS["stages.type"].items() if k != "rm"}
 KNOBS["algorithm.advantage"] = {k: v for k, v in KNOBS["algorithm.advantage"].items() if k != "gae"}
 KNOBS["algorithm.value_clip"] = {}
-CAPABILITIES = Capabilities(mode="engine", knobs={k: {v: Support.NATIVE for v in vals} for k, vals in KNOBS.items()})
+CAPABILITIES = Capabilities(knobs={k: {v: Support.NATIVE for v in vals} for k, vals in KNOBS.items()})
 
 
 @dataclass
@@ -35,6 +36,6 @@ class AccelerateOptions:
 
 @hookimpl
 def unirl_register_backends(register):
-    register("accelerate", "unirl_accelerate.backend:AccelerateBackend", config_class=AccelerateOptions,
-             capabilities=CAPABILITIES,
-             description="Hugging Face Accelerate steps the models; unirl's reference losses (example plugin)")
+    register(BackendSpec(name="accelerate", backend="unirl_accelerate.backend:AccelerateBackend",
+                         options=AccelerateOptions, capabilities=CAPABILITIES, mode="engine",
+                         description="Hugging Face Accelerate steps the models; unirl's reference losses (example plugin)"))

@@ -1,7 +1,6 @@
 """Registration: light imports only; the implementations load when a recipe uses them."""
 
 from unirl import hookimpl
-
 from unirl_example.config import DigitMatchConfig, ReverseDigitsConfig
 
 

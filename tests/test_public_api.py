@@ -1,0 +1,60 @@
+"""The public core API (unirl.public): what backends and plugins may import, and nothing else."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import re
+
+import pytest
+
+from tests.conftest import ROOT
+from unirl.public import PUBLIC_API, is_public
+
+#: the backend and plugin distributions, their tests included
+PLUGIN_CODE = [ROOT / "unirl_backends", ROOT / "plugins" / "unirl-example-plugin", ROOT / "plugins" / "unirl-accelerate"]
+
+
+def core_imports(root):
+    """``(file, line, module, name)`` for every import of a ``unirl`` module under ``root``."""
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "unirl":
+                for alias in node.names:
+                    yield path, node.lineno, node.module, alias.name
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "unirl":
+                        yield path, node.lineno, alias.name, None
+
+
+def test_every_public_name_exists():
+    for module, names in PUBLIC_API.items():
+        mod = importlib.import_module(module)
+        missing = [n for n in names if n != "*" and not hasattr(mod, n)
+                   and importlib.util.find_spec(f"{module}.{n}") is None]  # a submodule (unirl.metrics)
+        assert not missing, f"{module} lists {missing} as public but does not define them"
+
+
+@pytest.mark.parametrize("root", PLUGIN_CODE, ids=lambda p: p.name)
+def test_backends_and_plugins_import_only_the_public_core(root):
+    private = [f"{f}:{line}: from {m} import {n}" if n else f"{f}:{line}: import {m}"
+               for f, line, m, n in core_imports(root) if not is_public(m, n)]
+    assert not private, "non-public core names imported (add them to unirl.public and docs/plugins.md, or " \
+                        "stop using them):\n" + "\n".join(private)
+
+
+def test_the_scan_catches_a_private_import(tmp_path):
+    """The check above can fail: a backend importing an internal name is reported."""
+    (tmp_path / "backend.py").write_text("from unirl.engine.driver import Driver\nfrom unirl.batch import RolloutBatch\n")
+    found = [(m, n) for _, _, m, n in core_imports(tmp_path) if not is_public(m, n)]
+    assert found == [("unirl.engine.driver", "Driver")]
+
+
+def test_plugins_md_lists_the_public_api():
+    text = (ROOT / "docs" / "plugins.md").read_text()
+    section = text.split("## Public API", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\| `([a-z_.]+)` \|", section, flags=re.M)
+    assert sorted(listed) == sorted(PUBLIC_API), (sorted(set(PUBLIC_API) - set(listed)),
+                                                  sorted(set(listed) - set(PUBLIC_API)))

@@ -1,0 +1,63 @@
+"""The public core API: every module and name a backend or plugin may import from ``unirl``.
+
+These names keep working across minor versions; a change is deprecated first (a
+``DeprecationWarning`` naming the replacement, for at least one minor version) and removed after.
+Everything else in ``unirl`` is internal. ``docs/plugins.md`` lists the same table (a test keeps
+them equal), and a test fails when a built-in backend or an example plugin imports a name that is
+not here, so a backend distribution never depends on the core's internals.
+"""
+
+from __future__ import annotations
+
+PUBLIC_API: dict[str, tuple[str, ...]] = {
+    "unirl": ("hookimpl", "metrics"),
+    "unirl.contract": ("BackendSpec", "CONTRACT_VERSION", "CHANGES"),
+    "unirl.protocols": ("EngineTrainer", "StageRunner", "TrainerBase", "Backend", "AlgorithmMath", "ConfigTranslator",
+                        "FixedBatchSteps", "RolloutEngine", "ReplayBuffer", "RewardFn", "Task", "MetricsLogger",
+                        "Example", "SamplingParams", "ScoreRequest", "Scores", "UpdatePlan", "BuildContext",
+                        "RankMetrics", "CountedCalls", "FailureLog", "Closeable", "DirectBaselines"),
+    "unirl.batch": ("RolloutBatch", "SFTBatch", "PairBatch", "on_device"),
+    "unirl.capabilities": ("Capabilities", "Support", "Fixed", "all_values", "ON", "CANONICAL_KNOBS"),
+    "unirl.errors": ("UnirlError", "UsageError", "ConfigError", "CapabilityError", "PluginLoadError",
+                     "PluginContractError", "RunError", "DataError"),
+    "unirl.userfiles": ("PathKind", "path_field", "check_path", "read_text"),
+    "unirl.config": ("load_recipe",),
+    "unirl.config.derived": ("stage_needs", "loss_norm_length", "algorithm_section"),
+    "unirl.components": ("build_component", "build_backend", "backend_options"),
+    "unirl.rewards": ("build_reward",),
+    "unirl.checkpoint": ("torch_rng_state", "set_torch_rng_state"),
+    "unirl.engine.reference_trainer": ("ReferenceTrainer",),
+    "unirl.engine.ranked": ("RankedTrainer",),
+    "unirl.engine.deepspeed": ("DS_DTYPE", "Stepper", "adamw"),
+    "unirl.engine.update": ("run_mini_batches", "mini_batch", "require_update_fields"),
+    "unirl.engine.collate": ("require_rejected",),
+    "unirl.models.lifecycle": ("ModelSet", "grad_norm"),
+    "unirl.models.weights": ("WeightSync",),
+    "unirl.models.loading": ("load_causal_lm", "load_scorer", "load_tokenizer", "save_hf_model"),
+    "unirl.models.tiny": ("build_tiny_model", "ensure_base_model"),
+    "unirl.algorithms.reference": ("ReferenceMath",),
+    "unirl.algorithms.objectives": ("policy_objective", "value_objective", "sft_objective", "dpo_objective",
+                                    "reward_model_objective"),
+    "unirl.algorithms.policy_loss": ("token_logprobs", "sft_token_loss", "truncated_is_weights"),
+    "unirl.algorithms.advantages": ("token_level_rewards",),
+    "unirl.algorithms.aggregation": ("step_normaliser",),
+    "unirl.distributed": ("free_port",),
+    "unirl.distributed.env": ("rank_environment", "RankEnvironment", "local_device"),
+    "unirl.distributed.ranks": ("start_ranks",),
+    "unirl.distributed.comms": ("CollectiveCounter", "summarise", "merge_ranks"),
+    "unirl.bench.direct": ("DirectBaseline",),
+    "unirl.subprocess_stage": ("SubprocessStageRunner", "StageLaunch", "Step", "TensorboardScalars",
+                               "literal_metrics", "number", "refused_stages", "missing_on_this_machine"),
+    "unirl.tasks.rng": ("rng_state", "set_rng_state"),
+    "unirl.metrics": ("*",),  # the shared metric names, REQUIRED, check_row_keys
+    "unirl.testing.suite": ("TrainerBackendTests", "RewardTests", "TaskTests", "BufferTests", "RolloutBackendTests"),
+    "unirl.testing.components": ("*",),  # the component checks the suites call
+}
+
+
+def is_public(module: str, name: str | None = None) -> bool:
+    """Whether ``from module import name`` (``import module`` when ``name`` is None) is public."""
+    names = PUBLIC_API.get(module)
+    if names is None:
+        return False
+    return name is None or "*" in names or name in names
