@@ -9,9 +9,10 @@ if ! "$python" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) els
   echo "unirl needs Python 3.11; $python is $("$python" --version 2>&1). Set PYTHON=/path/to/python3.11." >&2
   exit 2
 fi
+backends=("$root"/backends/unirl-*)  # one distribution per backend (native is in the core)
 plugins=("$root/plugins/unirl-example-plugin" "$root/plugins/unirl-accelerate")  # third-party packages: tested too
 stamp_src="$(cat "$root/requirements/lock.txt" "$root/requirements/no-deps.txt" "$root/pyproject.toml" \
-  "${plugins[@]/%//pyproject.toml}" | sha256sum | cut -d' ' -f1)"
+  "${backends[@]/%//pyproject.toml}" "${plugins[@]/%//pyproject.toml}" | sha256sum | cut -d' ' -f1)"
 stamp="$venv/.unirl-installed"
 if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$stamp_src" ]; then
   exit 0
@@ -24,6 +25,9 @@ pip_install() {  # this machine's pip config lists index folders that may be abs
 DS_BUILD_OPS=0 pip_install -r "$root/requirements/lock.txt"  # deepspeed: no C++/CUDA ops at install time
 pip_install --no-deps -r "$root/requirements/no-deps.txt"
 pip_install --no-deps -e "$root"
+for backend in "${backends[@]}"; do  # their pins are in lock.txt: every backend in one environment, for development
+  pip_install --no-deps -e "$backend"
+done
 for plugin in "${plugins[@]}"; do  # the example third-party plugins: their tests are part of the suite
   pip_install --no-deps -e "$plugin"
 done

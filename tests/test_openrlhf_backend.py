@@ -1,6 +1,6 @@
 """The OpenRLHF backend: the loader, OpenRLHF's own argument parsers, declared limits, the DeepSpeed steps.
 
-Conformance (L0-L3) is in ``conformance_tests/test_openrlhf.py``; the learning runs are in
+Conformance (L0-L3) is in ``backends/unirl-openrlhf/tests/test_openrlhf_conformance.py``; the learning runs are in
 ``tests/test_demo.py`` and ``tests/test_recipes.py``.
 """
 
@@ -136,7 +136,7 @@ def test_backend_options_zero_stage_1_and_2_are_parallel_zero_stage():
                                     "openrlhf.utils.deepspeed.deepspeed_utils"])
 def test_the_loader_stand_ins_are_still_needed(module):
     """A plain import fails on a machine without flash-attn / vLLM; when this test fails,
-    OpenRLHF has changed and unirl_backends/openrlhf/loader.py can shrink."""
+    OpenRLHF has changed and backends/unirl-openrlhf/unirl_backends/openrlhf/loader.py can shrink."""
     if any(__import__("importlib").util.find_spec(m) for m in ("flash_attn", "vllm")):
         pytest.skip("flash-attn or vLLM is installed: the plain import may work here")
     proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=300,

@@ -128,10 +128,11 @@ def test_third_party_plugin_from_entry_point_is_listed(tmp_path):
     assert rows["acme"]["registers"] == [{"kind": "reward", "name": "acme_len", "description": "length reward"}]
     assert {r["name"] for r in rows["native"]["registers"]} == {"native"}
     assert {"hf_generate", "memory"} <= {r["name"] for r in rows["builtin"]["registers"]}
-    # UNIRL_DISABLE_PLUGIN_AUTOLOAD keeps only what ships in the unirl distribution.
+    # each backend but native is a distribution of its own, registered like a third party's
+    assert rows["trl"]["distribution"] == "unirl-trl" and rows["verl"]["distribution"] == "unirl-verl"
+    # UNIRL_DISABLE_PLUGIN_AUTOLOAD keeps only what ships in the unirl distribution: the built-in parts and native.
     proc = run_cli("plugins", "--json", env={"PYTHONPATH": str(tmp_path), "UNIRL_DISABLE_PLUGIN_AUTOLOAD": "1"})
-    assert {r["name"] for r in json.loads(proc.stdout)} == {"builtin", "native", "trl", "verl", "openrlhf", "deepspeed",
-                                                            "megatron"}
+    assert {r["name"] for r in json.loads(proc.stdout)} == {"builtin", "native"}
 
 
 def test_lazy_factory_import_error_names_plugin():

@@ -13,7 +13,8 @@ from tests.conftest import ROOT
 from unirl.public import PUBLIC_API, is_public
 
 #: the backend and plugin distributions, their tests included
-PLUGIN_CODE = [ROOT / "unirl_backends", ROOT / "plugins" / "unirl-example-plugin", ROOT / "plugins" / "unirl-accelerate"]
+PLUGIN_CODE = [ROOT / "unirl_backends", *sorted((ROOT / "backends").glob("unirl-*")), ROOT / "plugins" / "unirl-example-plugin",
+               ROOT / "plugins" / "unirl-accelerate"]
 
 
 def core_imports(root):

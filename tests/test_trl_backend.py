@@ -1,6 +1,6 @@
 """The TRL backend: recipe translation, declared limits, metrics, progress and run layout.
 
-Conformance (L0-L3) is in ``conformance_tests/test_trl.py``; the learning runs are in
+Conformance (L0-L3) is in ``backends/unirl-trl/tests/test_trl_conformance.py``; the learning runs are in
 ``tests/test_demo.py`` and ``tests/test_recipes.py``.
 """
 

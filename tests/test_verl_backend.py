@@ -1,6 +1,6 @@
 """The verl backend: recipe translation, declared limits, the CPU platform, the one patch, data-parallel ranks.
 
-Conformance (L0-L3) is in ``conformance_tests/test_verl.py``; the demo learning run is in
+Conformance (L0-L3) is in ``backends/unirl-verl/tests/test_verl_conformance.py``; the demo learning run is in
 ``tests/test_demo.py``.
 """
 

@@ -3,7 +3,8 @@
 Environment switches (as in pytest and simonw/llm):
 
 - ``UNIRL_DISABLE_PLUGIN_AUTOLOAD=1``: load only the plugins shipped in the ``unirl``
-  distribution itself (built-in backend and tasks), no third-party ones;
+  distribution itself (the built-in parts and the native backend), none of another
+  distribution (the other backends' included);
 - ``UNIRL_LOAD_PLUGINS=a,b``: load only the entry points with these names;
 - ``UNIRL_BLOCK_PLUGINS=a,b``: never load the entry points with these names.
 """

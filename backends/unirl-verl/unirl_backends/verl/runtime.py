@@ -30,9 +30,8 @@ def import_verl() -> Any:
     os.environ.setdefault("VERL_LOGGING_LEVEL", "WARN")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import verl
-    from verl.plugin.platform.platform_manager import set_platform
-
     from unirl_backends.verl.platform import CPUPlatform  # registers "cpu" with verl's PlatformRegistry
+    from verl.plugin.platform.platform_manager import set_platform
 
     if not use_cuda():
         set_platform(CPUPlatform())

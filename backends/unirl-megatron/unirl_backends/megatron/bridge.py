@@ -149,7 +149,6 @@ def build_model(bridge: Any) -> torch.nn.Module:
     """This pipeline stage's GPTModel (random init; :meth:`load_state` fills it); a scorer bridge's
     with its scalar head."""
     from megatron.core import parallel_state as ps
-
     from unirl.distributed.env import local_device
 
     callbacks: list[Callable[..., None]] = getattr(bridge, "post_creation", [])

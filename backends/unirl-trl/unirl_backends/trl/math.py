@@ -65,8 +65,9 @@ class TRLMath:
             recipe = self._recipe(algo, batch, norm_length, stage_type)
             config = stage_config(recipe, recipe.stages[0], output_dir=str(self._dir / "out"),
                                   options={"device": "cpu"})
-            import trl
             from transformers import AutoModelForCausalLM
+
+            import trl
 
             model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
             if stage_type == "rl":

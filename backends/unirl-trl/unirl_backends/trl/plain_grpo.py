@@ -51,6 +51,7 @@ def main() -> None:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from trl import GRPOConfig, GRPOTrainer
 
     rows = [json.loads(line) for line in open(args.prompts)]

@@ -51,9 +51,10 @@ class MegatronRank(ReferenceTrainer):
     """The reference trainer on one Megatron rank (built inside :func:`.cpu_compat.cuda_on_cpu`)."""
 
     def __init__(self, recipe: Any, model_path: str) -> None:
+        from transformers import AutoConfig
+
         from megatron.core import parallel_state as ps
         from megatron.core import tensor_parallel
-        from transformers import AutoConfig
 
         if recipe.model.dtype != "float32":
             raise ConfigError(f"backend=megatron trains float32 models on the CPU; model.dtype={recipe.model.dtype!r} "

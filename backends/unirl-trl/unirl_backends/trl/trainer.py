@@ -113,8 +113,9 @@ class TRLTrainer:
 
     def _build(self, stage_type: str, config: Any, dataset: Any, reward: Any = None, callbacks: Any = None,
                columns: tuple[str, ...] = ()) -> Any:
-        import trl
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        import trl
 
         common = dict(args=config, train_dataset=dataset, processing_class=self.tokenizer, callbacks=callbacks)
         if stage_type in ("sft", "cpt"):

@@ -111,6 +111,7 @@ def compose_ppo(overrides: list[str]) -> Any:
     verl = import_verl()
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
