@@ -265,7 +265,8 @@ def test_the_in_process_a_b_pairs_every_measured_step(tiny_model_dir, tmp_path):
 def test_variants_are_labelled_entries_with_staleness_columns(capsys):
     """``--variants``: a recipe override per entry (sync vs async, worker counts); the rows of a run
     generating ahead give the staleness and dropped columns. Bad specs exit 2 before any run."""
-    from unirl.bench.runner import BenchResult, layout_label, split_label, summarise, table_rows
+    from unirl.bench.report import table_rows
+    from unirl.bench.runner import BenchResult, layout_label, split_label, summarise
     from unirl.cli import main
 
     label = layout_label("native", ["distributed.ray.enabled=true", "rollout.workers=2"])

@@ -14,7 +14,8 @@ pytest.importorskip("trl")
 def test_the_bench_compares_unirl_trl_with_a_plain_trl_script(tmp_path, monkeypatch):
     """The plain TRL script gets the GRPOConfig unirl translates (no setting differs), both jobs
     log identical per-step reward, loss, gradient norm and KL, and the bench reports the ratio."""
-    from unirl.bench.runner import bench, direct_lines
+    from unirl.bench.report import direct_lines
+    from unirl.bench.runner import bench
 
     monkeypatch.chdir(ROOT)
     got = bench("configs/grpo_tiny.yaml", ["trl"], steps=3, repeat=1, warmup=1, overrides=["run.threads=1"],

@@ -251,3 +251,12 @@ def test_layouts_are_refused_before_any_rank_starts(overrides, needle, tmp_path,
     assert main(["run", str(DEMO), *overrides, f"run.dir={tmp_path / 'r'}"]) == 2
     assert needle in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "r").exists()
+
+
+def test_one_stage_lr_rule_for_every_backend():
+    """A stage's own lr, else trainer.lr (the rule was written nine times; now every backend and
+    trainer-mode launch calls this one)."""
+    from unirl.config.derived import stage_lr
+
+    cfg = load_recipe(DEMO, ["trainer.lr=0.001", "stages.0.lr=0.0005"])
+    assert stage_lr(cfg.stages[0], cfg.trainer) == 0.0005 and stage_lr(cfg.stages[1], cfg.trainer) == 0.001

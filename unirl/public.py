@@ -22,7 +22,7 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
                      "PluginContractError", "RunError", "DataError"),
     "unirl.userfiles": ("PathKind", "path_field", "check_path", "read_text"),
     "unirl.config": ("load_recipe",),
-    "unirl.config.derived": ("stage_needs", "loss_norm_length", "algorithm_section"),
+    "unirl.config.derived": ("stage_needs", "loss_norm_length", "algorithm_section", "stage_lr"),
     "unirl.components": ("build_component", "build_backend", "backend_options"),
     "unirl.rewards": ("build_reward",),
     "unirl.checkpoint": ("torch_rng_state", "set_torch_rng_state"),

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from unirl import metrics as M
+from unirl.config.derived import stage_lr
 
 
 def measure_ab(recipe: Any, steps: int, warmup: int = 1) -> dict[str, Any]:
@@ -51,7 +52,7 @@ def measure_ab(recipe: Any, steps: int, warmup: int = 1) -> dict[str, Any]:
         for stage in recipe.stages:
             if stage.type not in ("sft", "rl"):
                 continue  # the plain loops write sft and GRPO steps only
-            lr = stage.lr if stage.lr is not None else recipe.trainer.lr
+            lr = stage_lr(stage, recipe.trainer)
             parts.trainer.begin_stage(stage.type)
             loops.set_lr(lr)
             if stage.type == "rl":

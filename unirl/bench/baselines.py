@@ -35,6 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from unirl.config.derived import stage_lr
+
 
 def _shapes(recipe: Any) -> tuple[Any, list[Any], int]:
     """The first rl stage, the stages before it, and the sequences per rl step."""
@@ -255,14 +257,14 @@ def measure(recipe: Any, steps: int, warmup: int = 1) -> dict[str, Any]:
         if st.type != "sft":
             raise SystemExit(f"the baselines can warm up only with sft stages before the rl stage; stage "
                              f"{st.name!r} is {st.type!r}")
-        loops.set_lr(st.lr or recipe.trainer.lr)
+        loops.set_lr(stage_lr(st, recipe.trainer))
         for step in range(st.steps):
             got = loops.sft(task.sample(st.batch_size))
             if step >= warmup:
                 times["sft"].append(got["sft_s"])
                 tokens["sft"].append(got["sft_tokens"])
     loops.snapshot_reference()
-    loops.set_lr(stage.lr or recipe.trainer.lr)
+    loops.set_lr(stage_lr(stage, recipe.trainer))
     for step in range(warmup + steps):
         examples = task.sample(stage.batch_size)
         t0 = time.perf_counter()

@@ -41,3 +41,9 @@ def algorithm_section(**overrides: Any) -> Any:
     for k, v in overrides.items():
         algo[k] = v
     return algo
+
+
+def stage_lr(stage: Any, trainer: Any) -> float:
+    """The learning rate of ``stage``: its own ``lr``, else the recipe's ``trainer.lr`` (``trainer``
+    is the recipe's ``trainer`` section). 0 is a rate, not unset."""
+    return float(stage.lr) if stage.lr is not None else float(trainer.lr)

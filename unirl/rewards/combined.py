@@ -28,7 +28,7 @@ class CombinedRewardConfig:
 
     @staticmethod
     def validate(cfg: CombinedRewardConfig, recipe: Any = None) -> str | None:
-        from unirl.config.loader import validate_plugin_options
+        from unirl.config.validate import validate_plugin_options
 
         if not cfg.terms:
             return "terms is empty: list the rewards to add, e.g. [{name: math_verify, weight: 1.0}]."

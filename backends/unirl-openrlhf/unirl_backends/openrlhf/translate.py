@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from unirl.config.derived import stage_lr
 from unirl.errors import ConfigError
 from unirl_backends.openrlhf.loader import parse_args
 from unirl_backends.openrlhf.plugin import zero_stage
@@ -75,7 +76,7 @@ def ppo_argv(algo: Any, *, trainer: Any = None, rollout: Any = None, stage: Any 
                  "--actor.max_norm", str(trainer.grad_clip if trainer.grad_clip is not None else NO_CLIP),
                  "--train.micro_batch_size", str(micro), "--rollout.micro_batch_size", str(micro)]
     if stage is not None:
-        lr = stage.lr if stage.lr is not None else trainer.lr
+        lr = stage_lr(stage, trainer)
         argv += ["--actor.adam.lr", str(lr), "--rollout.batch_size", str(stage.batch_size),
                  "--train.batch_size", str(stage.batch_size * algo.group_size // algo.mini_batches),
                  "--train.num_episodes", "1", "--data.max_samples", str(stage.steps * stage.batch_size)]
@@ -92,7 +93,7 @@ def ppo_argv(algo: Any, *, trainer: Any = None, rollout: Any = None, stage: Any 
 def dpo_argv(recipe: Any, stage: Any, *, model_path: str, data_path: str, zero_stage: int = 0,
              options: Any = None) -> list[str]:
     a, t = recipe.algorithm, recipe.trainer
-    lr = stage.lr if stage.lr is not None else t.lr
+    lr = stage_lr(stage, t)
     micro = min(stage.batch_size, max(1, t.micro_batch_size // 2))  # pairs: two sequences each; accumulation >= 1
     argv = ["--model.model_name_or_path", model_path, "--model.beta", str(a.beta),
             "--model.label_smoothing", str(float(a.label_smoothing)), "--train.batch_size", str(stage.batch_size),

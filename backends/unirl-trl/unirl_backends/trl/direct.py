@@ -18,6 +18,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from unirl.config.derived import stage_lr
+
 SCRIPT = Path(__file__).with_name("plain_grpo.py")
 #: settings that steer output, not the computation
 _PRESENTATION = {"output_dir", "logging_dir", "disable_tqdm", "run_name"}
@@ -58,7 +60,7 @@ def direct_baseline(recipe: Any, recipe_path: str, overrides: list[str], workdir
     plain = [sys.executable, "-P", str(SCRIPT), "--model", str(model), "--prompts", str(prompts), "--out",
              str(workdir / "plain-run"), "--steps", str(steps), "--batch", str(rl.batch_size), "--group",
              str(algo.group_size), "--micro", str(job.trainer.micro_batch_size), "--seed", str(job.seed), "--lr",
-             str(rl.lr or job.trainer.lr), "--max-new-tokens", str(roll.max_new_tokens), "--beta",
+             str(stage_lr(rl, job.trainer)), "--max-new-tokens", str(roll.max_new_tokens), "--beta",
              str(algo.kl_loss_coef)]
     dump = workdir / "plain-config.json"
     proc = subprocess.run([*plain, "--dump-config", str(dump)], capture_output=True, text=True)

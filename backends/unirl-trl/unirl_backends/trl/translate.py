@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from unirl.capabilities import ON
-from unirl.config.derived import loss_norm_length
+from unirl.config.derived import loss_norm_length, stage_lr
 from unirl.errors import CapabilityError, ConfigError
 
 #: unirl loss_agg -> TRL GRPO loss_type, each with the same normaliser over a full step
@@ -65,7 +65,7 @@ def stage_config(recipe: Any, stage: Any, *, output_dir: str, steps: int | None 
 
     cuda = use_cuda(options)
     steps = stage.steps if steps is None else steps
-    lr = lr if lr is not None else (stage.lr if stage.lr is not None else recipe.trainer.lr)
+    lr = lr if lr is not None else stage_lr(stage, recipe.trainer)
     algo = recipe.algorithm
     if stage.type in ("sft", "cpt"):
         micro, acc = _split(stage.batch_size, recipe.trainer.micro_batch_size, "sequences")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from unirl.config.derived import loss_norm_length
+from unirl.config.derived import loss_norm_length, stage_lr
 from unirl.errors import ConfigError
 from unirl_backends.verl.math import ADVANTAGE, KL, LOSS_AGG, NO_DUAL_CLIP
 from unirl_backends.verl.runtime import import_verl
@@ -37,7 +37,7 @@ def ppo_overrides(recipe: Any, stage: Any, *, model_path: str, run_dir: str, opt
     a, t = recipe.algorithm, recipe.trainer
     rollout = recipe.rollout
     options = options or {}
-    lr = stage.lr if stage.lr is not None else t.lr
+    lr = stage_lr(stage, t)
     actor = "actor_rollout_ref.actor"
     kl_reward = a.kl_reward_coef > 0
     o = {
@@ -138,7 +138,7 @@ def engine_stage_config(recipe: Any, stage: Any, model_path: str) -> dict[str, A
 
     return {"stage_type": stage.type, "loss_fn": "verl.workers.utils.losses.sft_loss",
             "loss_mask": "completion" if stage.type == "sft" else "all",
-            "worker": worker_config(recipe, model_path, lr=stage.lr if stage.lr is not None else recipe.trainer.lr)}
+            "worker": worker_config(recipe, model_path, lr=stage_lr(stage, recipe.trainer))}
 
 
 def translate(recipe: Any, model_path: str, run_dir: str, options: Any = None) -> dict[str, Any]:
