@@ -124,7 +124,7 @@ def test_batches_follow_the_trainer_device_and_rank_answers_leave_as_plain_copie
     import torch
 
     from unirl.batch import PairBatch, RolloutBatch, SFTBatch, on_device
-    from unirl.distributed.ranks import _on_cpu
+    from unirl.distributed.calls import _on_cpu
     from unirl.protocols import Scores
 
     ones = torch.ones(2, 4, dtype=torch.long)

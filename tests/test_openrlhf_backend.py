@@ -229,14 +229,16 @@ def test_zero_stage_2_trains_the_same_curve_as_stage_0(tiny_model_dir, tmp_path)
 
 
 def test_trainer_mode_launcher_writes_openrlhfs_inputs_and_a_reward_func(tmp_path):
-    """The GPU path up to OpenRLHF's Ray entry point (``--dry-run``): rows, reward_func.py, parsed args."""
+    """The GPU path up to OpenRLHF's Ray entry point (a dry run): rows, reward_func.py, parsed args."""
     import importlib.util
     import json
 
-    from unirl_backends.openrlhf.launch import main
+    from unirl.cli import main
 
     run_dir = tmp_path / "run"
-    assert main([str(DEMO), f"run.dir={run_dir}", "stages.1.steps=2", "--dry-run"]) == 0
+    trainer = ["backend=openrlhf", "backend_options.mode=trainer", "backend_options.dry_run=true"]
+    assert main(["run", str(DEMO), f"run.dir={run_dir}", *trainer,
+                 "stages=[{name: grpo, type: rl, steps: 2, batch_size: 32}]"]) == 0
     out = run_dir / "openrlhf"
     rows = [json.loads(line) for line in (out / "data" / "grpo.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * 32 and set(rows[0]) == {"prompt", "answer"}
@@ -248,7 +250,8 @@ def test_trainer_mode_launcher_writes_openrlhfs_inputs_and_a_reward_func(tmp_pat
     assert got["rewards"].tolist() == [1.0, 0.0]
     argv = json.loads((out / "argv.json").read_text())
     assert argv[argv.index("--reward.remote_url") + 1] == str(out / "reward_func.py")
-    assert main([str(DPO), f"run.dir={tmp_path / 'dpo'}", "--dry-run"]) == 0
+    assert main(["run", str(DPO), f"run.dir={tmp_path / 'dpo'}", *trainer,
+                 "stages=[{name: pref, type: dpo, steps: 2, batch_size: 4}]"]) == 0
     row = json.loads((tmp_path / "dpo" / "openrlhf" / "data").glob("*.jsonl").__next__().read_text().splitlines()[0])
     assert set(row) == {"prompt", "chosen", "rejected"}
 

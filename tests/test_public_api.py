@@ -59,3 +59,36 @@ def test_plugins_md_lists_the_public_api():
     listed = re.findall(r"^\| `([a-z_.]+)` \|", section, flags=re.M)
     assert sorted(listed) == sorted(PUBLIC_API), (sorted(set(PUBLIC_API) - set(listed)),
                                                   sorted(set(listed) - set(PUBLIC_API)))
+
+
+def _import_graph():
+    """module -> the unirl modules it imports, at import time or inside a function (TYPE_CHECKING
+    blocks left out): a lazy import is still an arrow between layers."""
+    core = ROOT / "unirl"
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in core.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text())
+        skip = {id(n) for t in ast.walk(tree) if isinstance(t, ast.If) and getattr(t.test, "id", "") == "TYPE_CHECKING"
+                for s in t.body for n in ast.walk(s)}
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "unirl":
+                names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                         for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.split(".")[0] == "unirl"]
+            graph[module] |= {n for n in names if n in modules and n != module}
+    return graph
+
+
+def test_the_core_has_no_import_cycle_not_even_through_function_level_imports():
+    import graphlib
+
+    try:
+        tuple(graphlib.TopologicalSorter(_import_graph()).static_order())
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import cycle in unirl: {' -> '.join(exc.args[1])}")

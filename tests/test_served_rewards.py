@@ -51,10 +51,14 @@ def test_grpo_learns_against_the_reward_model(rm_tiny_run, tmp_path):
     assert last - first > 0.8
 
 
-def test_served_reward_options_are_checked_at_load(tmp_path, capsys):
+def test_served_reward_options_are_checked_at_load(tmp_path, capsys, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_exists", lambda self, repo_id, **kw: repo_id == "org/judge")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     cases = [(["reward.name=reward_model"], "reward: path is required"),
              (["reward.name=reward_model", f"reward.path={tmp_path}"], "is a folder without config.json"),
-             (["reward.name=llm_judge", f"reward.path={tmp_path / 'nope'}"], "no such folder"),
+             (["reward.name=llm_judge", f"reward.path={tmp_path / 'nope'}"], "there is no folder"),
              (["reward.name=llm_judge", "reward.path=org/judge", "reward.rubric=Rate {completion}"],
               "rubric has no {prompt}")]
     for overrides, message in cases:

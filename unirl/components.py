@@ -7,7 +7,6 @@ conformance kit builds components under test with it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 
@@ -47,20 +46,11 @@ def make_plugin(kind: str, name: str, options: dict[str, Any], ctx: Any, *, key:
     return check_component(reg.load()(config, ctx), kind, f"plugin {reg.plugin!r} ({kind} {name!r})")
 
 
-def backend_options(recipe: Any, registration: Any) -> Any:
-    """``recipe.backend_options`` as an instance of the backend's registered ``config_class``
-    (validated when the recipe was loaded), or a plain dict when it registered none."""
-    from omegaconf import OmegaConf
-
-    options = OmegaConf.to_container(recipe.backend_options, resolve=True) if recipe.backend_options else {}
-    return registration.config_class(**options) if registration.config_class is not None else options
-
-
 def build_backend(recipe: Any, host: Any = None) -> Any:
     """The backend object ``recipe.backend`` names: ``factory(recipe, options)`` with its typed
     options (:func:`backend_options`), like every other component, checked against
     :class:`unirl.protocols.Backend`."""
-    from unirl.contract import check_backend, check_factory
+    from unirl.contract import backend_options, check_backend, check_factory
     from unirl.plugin_manager import get_plugin_host
 
     registration = (host or get_plugin_host()).registry.get("backend", recipe.backend)
@@ -70,22 +60,15 @@ def build_backend(recipe: Any, host: Any = None) -> Any:
     return check_backend(factory(recipe, backend_options(recipe, registration)), owner)
 
 
-def score_fn_from_recipe(recipe_path: str) -> Callable[..., float]:
-    """A verl-style ``compute_score(data_source, solution_str, ground_truth, extra_info)`` that
-    calls the recipe's unirl reward (built on first call); ``extra_info["prompt"]`` is the prompt."""
-    cache: dict[str, Any] = {}
+def worker_context(recipe: Any, run_dir: str, model_path: str) -> Any:
+    """The build context of a component rebuilt in another process (a reward with
+    ``reward.isolation=process`` or ``ray``): the run's model path and its tokenizer, as the run's
+    own process gives them."""
+    from unirl.protocols import BuildContext
 
-    def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
-                      **_: Any) -> float:
-        if "fn" not in cache:
-            from unirl.config import load_recipe
-            from unirl.rewards import build_reward
+    tokenizer = None
+    if model_path:
+        from unirl.models.loading import load_tokenizer
 
-            cache["fn"] = build_reward(load_recipe(recipe_path))
-        extra = dict(extra_info or {})
-        prompt = extra.pop("prompt", "")
-        extra.pop("index", None)
-        fields = {k: [v] for k, v in extra.items()} | {"answer": [ground_truth]}
-        return cache["fn"]([prompt], [solution_str], **fields)[0]
-
-    return compute_score
+        tokenizer = load_tokenizer(model_path)
+    return BuildContext(recipe=recipe, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer)

@@ -117,12 +117,19 @@ def check_version(contract: int | None, what: str) -> None:
 
 def run_mode(recipe: Any, registration: Any) -> str:
     """The mode of a run of ``recipe`` on the backend ``registration`` (decided by its spec, once)."""
-    from unirl.components import backend_options
-
     spec: BackendSpec | None = registration.spec
     if spec is None:
         return "engine"
     return spec.run_mode(backend_options(recipe, registration))
+
+
+def backend_options(recipe: Any, registration: Any) -> Any:
+    """``recipe.backend_options`` as an instance of the backend's registered ``config_class``
+    (validated when the recipe was loaded), or a plain dict when it registered none."""
+    from omegaconf import OmegaConf
+
+    options = OmegaConf.to_container(recipe.backend_options, resolve=True) if recipe.backend_options else {}
+    return registration.config_class(**options) if registration.config_class is not None else options
 
 
 def protocol_members(proto: type) -> list[str]:

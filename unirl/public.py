@@ -11,7 +11,7 @@ from __future__ import annotations
 
 PUBLIC_API: dict[str, tuple[str, ...]] = {
     "unirl": ("hookimpl", "metrics"),
-    "unirl.contract": ("BackendSpec", "CONTRACT_VERSION", "CHANGES"),
+    "unirl.contract": ("BackendSpec", "CONTRACT_VERSION", "CHANGES", "backend_options"),
     "unirl.protocols": ("EngineTrainer", "StageRunner", "TrainerBase", "Backend", "AlgorithmMath", "ConfigTranslator",
                         "FixedBatchSteps", "RolloutEngine", "ReplayBuffer", "RewardFn", "Task", "MetricsLogger",
                         "Example", "SamplingParams", "ScoreRequest", "Scores", "UpdatePlan", "BuildContext",
@@ -23,8 +23,8 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "unirl.userfiles": ("PathKind", "path_field", "check_path", "read_text"),
     "unirl.config": ("load_recipe",),
     "unirl.config.derived": ("stage_needs", "loss_norm_length", "algorithm_section", "stage_lr"),
-    "unirl.components": ("build_component", "build_backend", "backend_options"),
-    "unirl.rewards": ("build_reward",),
+    "unirl.components": ("build_component", "build_backend", "worker_context"),
+    "unirl.rewards": ("build_reward", "score_fn_from_recipe"),
     "unirl.checkpoint": ("torch_rng_state", "set_torch_rng_state"),
     "unirl.engine.reference_trainer": ("ReferenceTrainer",),
     "unirl.engine.ranked": ("RankedTrainer",),

@@ -29,7 +29,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from unirl.distributed.ranks import CountedRanks, answer
+from unirl.distributed.calls import CountedRanks, answer
 from unirl.errors import ConfigError, RunError
 
 #: the variables a launcher sets for each process (torchrun's names)
@@ -125,7 +125,7 @@ class Launch:
 
     def follow(self) -> int:
         """Hold this rank's worker and answer the driver's calls until it exits; its exit code."""
-        from unirl.distributed.ranks import _on_cpu, peak_rss_bytes
+        from unirl.distributed.calls import _on_cpu, peak_rss_bytes
 
         worker, method = None, "start-up"
         while True:
@@ -234,7 +234,7 @@ class LaunchedRanks(CountedRanks):
         return results
 
     def peak_memory_bytes(self) -> list[int]:
-        from unirl.distributed.ranks import peak_rss_bytes
+        from unirl.distributed.calls import peak_rss_bytes
 
         self.launch.broadcast(("peak",))
         peaks = self.launch.gather(peak_rss_bytes())

@@ -24,8 +24,7 @@ class RewardWorker(ActorBody):
         import torch
         from omegaconf import OmegaConf
 
-        from unirl.components import build_component
-        from unirl.rewards import worker_context
+        from unirl.components import build_component, worker_context
         from unirl.rewards.checked import as_batch_fn
 
         torch.set_num_threads(threads)

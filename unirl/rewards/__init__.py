@@ -37,19 +37,6 @@ def adapt_reward_fn(fn: Callable[..., Any], *, data_source: str = "unirl", polic
                          policy, warn)
 
 
-def worker_context(recipe: Any, run_dir: str, model_path: str) -> Any:
-    """The build context of a reward rebuilt in another process (``reward.isolation=process`` or
-    ``ray``): the run's model path and its tokenizer, as the in-process reward gets them."""
-    from unirl.protocols import BuildContext
-
-    tokenizer = None
-    if model_path:
-        from unirl.models.loading import load_tokenizer
-
-        tokenizer = load_tokenizer(model_path)
-    return BuildContext(recipe=recipe, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer)
-
-
 def build_reward(recipe: Any, ctx: Any = None, host: Any = None,
                  warn: Callable[[str], None] | None = None) -> CheckedReward:
     """The recipe's reward, checked, under its ``on_error`` policy, in this process or (with
@@ -129,3 +116,23 @@ def load_function_reward(config: FunctionRewardConfig, ctx: Any = None) -> Calla
         raise ConfigError(f"reward.function={config.function!r}: {target!r} has no function {attr!r}."
                           f"{did_you_mean(attr, names)}", key="reward.function", value=config.function)
     return fn
+
+
+def score_fn_from_recipe(recipe_path: str) -> Callable[..., float]:
+    """A verl-style ``compute_score(data_source, solution_str, ground_truth, extra_info)`` that
+    calls the recipe's unirl reward (built on first call); ``extra_info["prompt"]`` is the prompt."""
+    cache: dict[str, Any] = {}
+
+    def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None,
+                      **_: Any) -> float:
+        if "fn" not in cache:
+            from unirl.config import load_recipe
+
+            cache["fn"] = build_reward(load_recipe(recipe_path))
+        extra = dict(extra_info or {})
+        prompt = extra.pop("prompt", "")
+        extra.pop("index", None)
+        fields = {k: [v] for k, v in extra.items()} | {"answer": [ground_truth]}
+        return cache["fn"]([prompt], [solution_str], **fields)[0]
+
+    return compute_score

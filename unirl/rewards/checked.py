@@ -71,6 +71,14 @@ def as_batch_fn(fn: Callable[..., Any], data_source: str = "unirl") -> Callable[
     return batch_fn
 
 
+class WorkerFailed(Exception):
+    """A call of the isolated reward failed: ``kind`` is raised, timeout, memory or crashed."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class BatchFailed(Exception):
     """One call of a reward function failed as a whole (internal to this module and the worker)."""
 
@@ -126,7 +134,6 @@ class CheckedReward:
         return self._check(prompts, completions, values)
 
     def _call(self, prompts: Sequence[str], completions: Sequence[str], kwargs: dict[str, Any]) -> list[Any]:
-        from unirl.rewards.isolation import WorkerFailed
 
         first = f"prompt {prompts[0]!r}, completion {completions[0]!r}" if completions else "no completions"
         try:

@@ -20,17 +20,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from unirl.errors import ConfigError, RunError, UsageError
+from unirl.rewards.checked import WorkerFailed
 from unirl.rewards.policy import RewardPolicy
 
 STARTUP_S = 120.0  # importing the reward's module in a fresh interpreter, beyond reward.timeout_s
-
-
-class WorkerFailed(Exception):
-    """A call of the isolated reward failed: ``kind`` is raised, timeout, memory or crashed."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 class Unpicklable:
@@ -79,8 +72,7 @@ def _worker(conn: Any, recipe_data: dict[str, Any], memory_mb: int, model_path: 
     try:
         from omegaconf import OmegaConf
 
-        from unirl.components import build_component
-        from unirl.rewards import worker_context
+        from unirl.components import build_component, worker_context
         from unirl.rewards.checked import as_batch_fn, reward_name
 
         recipe = OmegaConf.create(recipe_data)

@@ -69,7 +69,7 @@ def write_reward_files(recipe: Any, model_path: str, out: Path) -> Path:
                                      + OmegaConf.to_yaml(pinned))
     (out / "reward.py").write_text(
         '"""verl custom reward function for this unirl recipe (written by unirl_backends.verl.launch)."""\n'
-        "from unirl.components import score_fn_from_recipe\n\n"
+        "from unirl.rewards import score_fn_from_recipe\n\n"
         f"compute_score = score_fn_from_recipe({str(out / 'recipe.yaml')!r})\n")
     return out / "reward.py"
 
