@@ -47,3 +47,23 @@ def stage_lr(stage: Any, trainer: Any) -> float:
     """The learning rate of ``stage``: its own ``lr``, else the recipe's ``trainer.lr`` (``trainer``
     is the recipe's ``trainer`` section). 0 is a rate, not unset."""
     return float(stage.lr) if stage.lr is not None else float(trainer.lr)
+
+
+def rollout_policy(recipe: Any) -> Any:
+    """The run's keys of the ``rollout`` section, typed (:class:`unirl.rollouts.options.RolloutPolicy`:
+    ``workers``, ``max_staleness``): the driver's, whatever the engine."""
+    from omegaconf import OmegaConf
+
+    from unirl.rollouts.options import split_rollout_policy
+
+    return split_rollout_policy(OmegaConf.to_container(recipe.rollout, resolve=True))[0]
+
+
+def reward_policy(recipe: Any) -> Any:
+    """The run's keys of the ``reward`` section, typed (:class:`unirl.rewards.policy.RewardPolicy`:
+    ``on_error``, ``isolation``, ``workers``, ``timeout_s``, ``memory_mb``): the driver's, whatever the reward."""
+    from omegaconf import OmegaConf
+
+    from unirl.rewards.policy import split_policy
+
+    return split_policy(OmegaConf.to_container(recipe.reward, resolve=True))[0]

@@ -264,14 +264,16 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
                           f"{backend_reg.name!r} runs in trainer mode: the framework's own loop trains on everything "
                           f"it generates and no buffer is built. Use buffer.name=memory, or an engine-mode backend "
                           f"({', '.join(engines)}).", key="buffer.name", value=cfg.buffer.name)
-    staleness = cfg.rollout.get("max_staleness", 0)
+    from unirl.config.derived import reward_policy, rollout_policy
+
+    staleness = rollout_policy(cfg).max_staleness
     if trainer_mode and isinstance(staleness, int) and staleness > 0 and any(st.type == "rl" for st in cfg.stages):
         engines = _engine_backends(registry)
         raise ConfigError(f"rollout.max_staleness={staleness} lets unirl's rl step generate ahead of training, but "
                           f"backend {backend_reg.name!r} runs in trainer mode: the framework's own loop generates. Use "
                           f"rollout.max_staleness=0, or an engine-mode backend ({', '.join(engines)}).",
                           key="rollout.max_staleness", value=staleness)
-    if trainer_mode and cfg.reward.get("on_error") == "skip_group" and any(st.type == "rl" for st in cfg.stages):
+    if trainer_mode and reward_policy(cfg).on_error == "skip_group" and any(st.type == "rl" for st in cfg.stages):
         engines = _engine_backends(registry)
         raise ConfigError(f"reward.on_error=skip_group leaves groups out of unirl's rl step, but backend "
                           f"{backend_reg.name!r} runs in trainer mode: the framework's own loop trains on every "

@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from unirl import metrics as M
-from unirl.config.derived import stage_lr
+from unirl.config.derived import rollout_policy, stage_lr
 from unirl.engine.evaluation import due, evaluate
 from unirl.engine.run_dir import prepare_run_dir
 from unirl.errors import ConfigError, PluginLoadError, RunError, UsageError
@@ -116,7 +116,7 @@ class Driver:
         if rollout is not None:
             from unirl.engine.pipeline import GenerationQueue
 
-            queue = GenerationQueue(rollout, recipe.rollout.get("max_staleness", 0),
+            queue = GenerationQueue(rollout, rollout_policy(recipe).max_staleness,
                                     want_logprobs=recipe.algorithm.tis_cap is not None)
         self._parts = Components(recipe=recipe, trainer=ctx.trainer, task=build_component(recipe, "task", "task", ctx),
                                  reward=build_reward(recipe, ctx, self.host, warn=self._warn_reward), rollout=rollout,

@@ -23,7 +23,7 @@ from typing import Any
 
 from unirl.errors import ConfigError, did_you_mean
 from unirl.rewards.checked import VERL_PARAMS, CheckedReward, as_batch_fn, reward_name
-from unirl.rewards.policy import RewardPolicy, split_policy
+from unirl.rewards.policy import RewardPolicy
 
 __all__ = ["VERL_PARAMS", "CheckedReward", "FunctionRewardConfig", "RewardPolicy", "adapt_reward_fn",
            "build_reward", "load_function_reward"]
@@ -41,11 +41,10 @@ def build_reward(recipe: Any, ctx: Any = None, host: Any = None,
                  warn: Callable[[str], None] | None = None) -> CheckedReward:
     """The recipe's reward, checked, under its ``on_error`` policy, in this process or (with
     ``reward.isolation=process``) in a worker process (:mod:`unirl.rewards.isolation`)."""
-    from omegaconf import OmegaConf
-
     from unirl.components import build_component
+    from unirl.config.derived import reward_policy
 
-    policy, _ = split_policy(OmegaConf.to_container(recipe.reward, resolve=True))
+    policy = reward_policy(recipe)
     if policy.isolation == "ray":
         from unirl.distributed.ray_reward import RayRewardPool
 
