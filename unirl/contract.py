@@ -128,7 +128,9 @@ def backend_options(recipe: Any, registration: Any) -> Any:
     (validated when the recipe was loaded), or a plain dict when it registered none."""
     from omegaconf import OmegaConf
 
-    options = OmegaConf.to_container(recipe.backend_options, resolve=True) if recipe.backend_options else {}
+    options: dict[str, Any] = {}
+    if recipe.backend_options:
+        options = dict(OmegaConf.to_container(recipe.backend_options, resolve=True))  # type: ignore[arg-type]
     return registration.config_class(**options) if registration.config_class is not None else options
 
 

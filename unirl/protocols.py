@@ -270,12 +270,22 @@ class EngineTrainer(TrainerBase, Protocol):
         """The in-process policy module a same-process rollout may share, or None."""
 
 
+@dataclass(frozen=True)
+class StageInputs:
+    """What a stage runner gets from the run besides the stage itself: the run's task (its data
+    position is the run's, saved with every checkpoint) and its reward (checked, under the run's
+    ``reward.on_error`` policy)."""
+
+    task: Task
+    reward: RewardFn
+
+
 @runtime_checkable
 class StageRunner(TrainerBase, Protocol):
     """Trainer mode: the framework's own trainer runs each stage (TRL's trainers; verl's
     ``main_ppo`` and OpenRLHF's Ray trainer on GPU)."""
 
-    def run_stage(self, stage: Any, lr: float, *, parts: Any, start_step: int,
+    def run_stage(self, stage: Any, lr: float, *, parts: StageInputs, start_step: int,
                   on_step: Callable[[dict[str, float]], bool]) -> str | None:
         """Train ``stage`` from ``start_step`` (a resumed stage skips finished steps). Call
         ``on_step(row)`` after every optimizer step: it records metrics, writes checkpoints and

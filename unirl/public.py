@@ -14,7 +14,7 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "unirl.contract": ("BackendSpec", "CONTRACT_VERSION", "CHANGES", "backend_options"),
     "unirl.protocols": ("EngineTrainer", "StageRunner", "TrainerBase", "Backend", "AlgorithmMath", "ConfigTranslator",
                         "FixedBatchSteps", "RolloutEngine", "ReplayBuffer", "RewardFn", "Task", "MetricsLogger",
-                        "Example", "SamplingParams", "ScoreRequest", "Scores", "UpdatePlan", "BuildContext",
+                        "Example", "SamplingParams", "ScoreRequest", "Scores", "UpdatePlan", "BuildContext", "StageInputs",
                         "RankMetrics", "CountedCalls", "FailureLog", "Closeable", "DirectBaselines"),
     "unirl.batch": ("RolloutBatch", "SFTBatch", "PairBatch", "on_device"),
     "unirl.capabilities": ("Capabilities", "Support", "Fixed", "all_values", "ON", "CANONICAL_KNOBS"),

@@ -42,6 +42,7 @@ from typing import Any
 
 from unirl.distributed.env import DIST_ENV
 from unirl.errors import ConfigError, RunError
+from unirl.protocols import StageInputs
 
 #: one step the framework reported: (its step number, {its metric name: value})
 Step = tuple[int, dict[str, float]]
@@ -342,7 +343,7 @@ class SubprocessStageRunner:
     def begin_stage(self, stage_type: str) -> None:
         """Nothing to build: the framework creates its reference, critic and rollout engines itself."""
 
-    def run_stage(self, stage: Any, lr: float, *, parts: Any, start_step: int,
+    def run_stage(self, stage: Any, lr: float, *, parts: StageInputs, start_step: int,
                   on_step: Callable[[dict[str, float]], bool]) -> str | None:
         if start_step:
             raise ConfigError(
@@ -351,7 +352,7 @@ class SubprocessStageRunner:
                 f"it resumes at stage boundaries only. Delete the checkpoints after the last finished stage in "
                 f"{str(self.run_dir / 'checkpoints')!r} (or run with run.overwrite=true to start over); to keep "
                 f"mid-stage checkpoints from being written, set checkpoint.every=0.", key="resume", value="auto")
-        launch = self.launch(stage, self.model_path, getattr(parts, "task", None))
+        launch = self.launch(stage, self.model_path, parts.task)
         print(f"[{self.framework}] {stage.name}: {shlex.join(launch.cmd)}", flush=True)
         if self.options.get("dry_run"):
             return "dry_run"

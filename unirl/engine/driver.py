@@ -21,6 +21,7 @@ from unirl.config.derived import rollout_policy, stage_lr
 from unirl.engine.evaluation import due, evaluate
 from unirl.engine.run_dir import prepare_run_dir
 from unirl.errors import ConfigError, PluginLoadError, RunError, UsageError
+from unirl.protocols import StageInputs
 
 
 def check_stage_data(recipe: Any, run_dir: Path) -> None:
@@ -200,7 +201,8 @@ class Driver:
                             outcome.append(result)
                         return result is not None  # True: the framework's loop must stop now
 
-                    ran = parts.trainer.run_stage(stage, lr, parts=parts, start_step=state["stage_step"],
+                    inputs = StageInputs(task=parts.task, reward=parts.reward)
+                    ran = parts.trainer.run_stage(stage, lr, parts=inputs, start_step=state["stage_step"],
                                                   on_step=on_step)
                     if ran == "dry_run" and not outcome:
                         return "dry_run"

@@ -30,7 +30,7 @@ from unirl.config.derived import stage_needs
 from unirl.errors import ConfigError, RunError
 from unirl.models.lifecycle import grad_norm
 from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
-from unirl.protocols import BuildContext
+from unirl.protocols import BuildContext, StageInputs
 from unirl_backends.trl.translate import stage_config, use_cuda
 
 
@@ -152,7 +152,7 @@ class TRLTrainer:
 
     # ------------------------------------------------------------------ trainer mode
 
-    def run_stage(self, stage: Any, lr: float, *, parts: Any, start_step: int, on_step: Any) -> None:
+    def run_stage(self, stage: Any, lr: float, *, parts: StageInputs, start_step: int, on_step: Any) -> None:
         from datasets import Dataset
 
         from unirl_backends.trl.callback import UnirlCallback
