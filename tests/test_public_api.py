@@ -92,3 +92,30 @@ def test_the_core_has_no_import_cycle_not_even_through_function_level_imports():
         tuple(graphlib.TopologicalSorter(_import_graph()).static_order())
     except graphlib.CycleError as exc:
         pytest.fail(f"import cycle in unirl: {' -> '.join(exc.args[1])}")
+
+
+#: the core's layers, lowest first: a module imports only from its own layer or a lower one, at import
+#: time or inside a function (docs/architecture.md#layers). The longest matching prefix places a module.
+LAYERS = [
+    ["unirl", "unirl.errors", "unirl.capabilities", "unirl.protocols", "unirl.batch", "unirl.metrics",
+     "unirl.hookspecs", "unirl.public", "unirl.userfiles", "unirl.progress", "unirl.run_lock",
+     "unirl.config.choices"],
+    ["unirl.config", "unirl.algorithms", "unirl.registry", "unirl.contract", "unirl.plugin_manager"],
+    ["unirl.components", "unirl.models", "unirl.tasks", "unirl.rewards", "unirl.rollouts", "unirl.buffers",
+     "unirl.loggers", "unirl.checkpoint", "unirl.distributed", "unirl.builtin_plugin", "unirl.engine.collate"],
+    ["unirl.engine", "unirl.subprocess_stage", "unirl.export"],
+    ["unirl.bench", "unirl.testing", "unirl.cli", "unirl.__main__"],
+]
+
+
+def _layer(module):
+    matches = [(len(prefix), i) for i, group in enumerate(LAYERS) for prefix in group
+               if module == prefix or module.startswith(prefix + ".")]
+    assert matches, f"{module} is in no layer: add it to LAYERS (tests/test_public_api.py) and docs/architecture.md"
+    return max(matches)[1]
+
+
+def test_no_core_module_imports_from_a_higher_layer():
+    upward = [f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)})"
+              for m, targets in _import_graph().items() for t in sorted(targets) if _layer(t) > _layer(m)]
+    assert not upward, "imports that climb back up a layer:\n" + "\n".join(sorted(upward))

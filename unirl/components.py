@@ -20,11 +20,11 @@ def build_component(recipe: Any, section: str, kind: str, ctx: Any = None, host:
     options = OmegaConf.to_container(recipe[section], resolve=True)
     name = options.pop("name")
     if section == "reward":  # on_error, isolation, ...: the driver's, whatever the plugin
-        from unirl.rewards.policy import split_policy
+        from unirl.config.sections import split_policy
 
         options = split_policy(options)[1]
     if section == "rollout":  # workers: the driver's (unirl.distributed.ray_rollout)
-        from unirl.rollouts.options import split_rollout_policy
+        from unirl.config.sections import split_rollout_policy
 
         options = split_rollout_policy(options)[1]
     if ctx is None:

@@ -54,7 +54,7 @@ def rollout_policy(recipe: Any) -> Any:
     ``workers``, ``max_staleness``): the driver's, whatever the engine."""
     from omegaconf import OmegaConf
 
-    from unirl.rollouts.options import split_rollout_policy
+    from unirl.config.sections import split_rollout_policy
 
     return split_rollout_policy(OmegaConf.to_container(recipe.rollout, resolve=True))[0]
 
@@ -64,6 +64,6 @@ def reward_policy(recipe: Any) -> Any:
     ``on_error``, ``isolation``, ``workers``, ``timeout_s``, ``memory_mb``): the driver's, whatever the reward."""
     from omegaconf import OmegaConf
 
-    from unirl.rewards.policy import split_policy
+    from unirl.config.sections import split_policy
 
     return split_policy(OmegaConf.to_container(recipe.reward, resolve=True))[0]

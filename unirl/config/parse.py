@@ -157,11 +157,11 @@ def _check_list_indices(cfg: Any, key: str, value: Any) -> None:
 def _driver_keys(section: str) -> tuple[str, ...]:
     """The keys of a component section that are the run's (the driver's), not the plugin's."""
     if section == "reward":
-        from unirl.rewards.policy import POLICY_KEYS
+        from unirl.config.sections import POLICY_KEYS
 
         return POLICY_KEYS
     if section == "rollout":
-        from unirl.rollouts.options import ROLLOUT_POLICY_KEYS
+        from unirl.config.sections import ROLLOUT_POLICY_KEYS
 
         return ROLLOUT_POLICY_KEYS
     return ()

@@ -162,12 +162,12 @@ def _validate_component(cfg: Any, section: str, kind: str, registry: Any) -> dic
     reg = registry.get(kind, name, key=f"{section}.name")
     policy: dict[str, Any] = {}
     if section == "reward":  # keys every reward takes (on_error, isolation, ...), checked apart from the plugin's
-        from unirl.rewards.policy import POLICY_KEYS, RewardPolicy
+        from unirl.config.sections import POLICY_KEYS, RewardPolicy
 
         policy = _validate_options({k: data.pop(k) for k in POLICY_KEYS if k in data}, RewardPolicy, section,
                                    recipe=cfg)
     if section == "rollout":  # how many engines (Ray actors) run it: the driver's, whatever the plugin
-        from unirl.rollouts.options import ROLLOUT_POLICY_KEYS, RolloutPolicy
+        from unirl.config.sections import ROLLOUT_POLICY_KEYS, RolloutPolicy
 
         policy = _validate_options({k: data.pop(k) for k in ROLLOUT_POLICY_KEYS if k in data}, RolloutPolicy, section,
                                    recipe=cfg)
@@ -235,8 +235,6 @@ def _takes_recipe(check: Any) -> bool:
 
 def _check_eval(cfg: Any, backend_reg: Any, registry: Any) -> None:
     from unirl.contract import run_mode
-    from unirl.engine.evaluation import check_eval
-
     trainer_mode = run_mode(cfg, backend_reg) == "trainer"
     check_eval(cfg, registry.get("task", cfg.task.name).load() if cfg.eval.every else object, trainer_mode)
 
@@ -327,3 +325,24 @@ class _unlocked:
 
     def __exit__(self, *exc: object) -> None:
         OmegaConf.set_struct(self.cfg, True)
+
+
+def check_eval(recipe: Any, task_class: type, trainer_mode: bool) -> None:
+    """``eval.every`` needs an engine-mode backend and a task with validation examples."""
+    ev = recipe.eval
+    for key, value, low in (("every", ev.every, 0), ("samples", ev.samples, 1), ("size", ev.size, 1)):
+        if value is not None and value < low:
+            raise ConfigError(f"eval.{key}={value}: must be at least {low}.", key=f"eval.{key}", value=value)
+    if not ev.every:
+        return
+    if trainer_mode:
+        raise ConfigError(f"eval.every={ev.every}: evaluation runs on unirl's rollout, and backend {recipe.backend!r} "
+                          f"runs in trainer mode (the framework generates). Use an engine-mode backend, or eval.every=0.",
+                          key="eval.every", value=ev.every)
+    if not hasattr(task_class, "validation"):
+        raise ConfigError(f"eval.every={ev.every}: task {recipe.task.name!r} has no validation examples (a task "
+                          f"method validation(limit)). Use task.name=dataset with task.eval_split, or eval.every=0.",
+                          key="eval.every", value=ev.every)
+    if recipe.task.name == "dataset" and recipe.task.get("eval_split") is None:
+        raise ConfigError(f"eval.every={ev.every} needs a validation split: set task.eval_split (and task.eval_path "
+                          f"when it is another file), or eval.every=0.", key="task.eval_split", value=None)

@@ -12,31 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from unirl.errors import ConfigError
 from unirl.protocols import CountedCalls
 
 REWARD_MEAN, PASS, EXAMPLES = "eval/reward_mean", "eval/pass_at_{k}", "eval/examples"
-
-
-def check_eval(recipe: Any, task_class: type, trainer_mode: bool) -> None:
-    """``eval.every`` needs an engine-mode backend and a task with validation examples."""
-    ev = recipe.eval
-    for key, value, low in (("every", ev.every, 0), ("samples", ev.samples, 1), ("size", ev.size, 1)):
-        if value is not None and value < low:
-            raise ConfigError(f"eval.{key}={value}: must be at least {low}.", key=f"eval.{key}", value=value)
-    if not ev.every:
-        return
-    if trainer_mode:
-        raise ConfigError(f"eval.every={ev.every}: evaluation runs on unirl's rollout, and backend {recipe.backend!r} "
-                          f"runs in trainer mode (the framework generates). Use an engine-mode backend, or eval.every=0.",
-                          key="eval.every", value=ev.every)
-    if not hasattr(task_class, "validation"):
-        raise ConfigError(f"eval.every={ev.every}: task {recipe.task.name!r} has no validation examples (a task "
-                          f"method validation(limit)). Use task.name=dataset with task.eval_split, or eval.every=0.",
-                          key="eval.every", value=ev.every)
-    if recipe.task.name == "dataset" and recipe.task.get("eval_split") is None:
-        raise ConfigError(f"eval.every={ev.every} needs a validation split: set task.eval_split (and task.eval_path "
-                          f"when it is another file), or eval.every=0.", key="task.eval_split", value=None)
 
 
 def due(recipe: Any, global_step: int, last: bool) -> bool:

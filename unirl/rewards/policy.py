@@ -20,45 +20,6 @@ Counts: ``reward/failed`` on every rl row when ``on_error`` is not ``fail`` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from unirl.config.sections import ISOLATION, ON_ERROR, POLICY_KEYS, RewardPolicy, split_policy
 
-ON_ERROR = ("fail", "zero", "skip_group")
-ISOLATION = ("none", "process", "ray")
-
-
-@dataclass
-class RewardPolicy:
-    on_error: str = "fail"
-    isolation: str = "none"
-    timeout_s: float = 60.0
-    memory_mb: int = 4096
-    workers: int = 1  # isolation=ray: the Ray actors serving the reward
-
-    @staticmethod
-    def validate(cfg: RewardPolicy, recipe: Any = None) -> str | None:
-        if cfg.on_error not in ON_ERROR:
-            return f"on_error={cfg.on_error!r}: use one of {', '.join(ON_ERROR)}."
-        if cfg.isolation not in ISOLATION:
-            return f"isolation={cfg.isolation!r}: use one of {', '.join(ISOLATION)}."
-        if not cfg.timeout_s > 0:
-            return f"timeout_s={cfg.timeout_s!r}: give the seconds one reward call may take (> 0), e.g. timeout_s=30."
-        if cfg.workers < 1:
-            return f"workers={cfg.workers}: at least 1."
-        if cfg.isolation == "ray" and recipe is not None and not recipe.distributed.ray.enabled:
-            return "isolation='ray' serves the reward from Ray actors: set distributed.ray.enabled=true."
-        if cfg.workers > 1 and cfg.isolation != "ray":
-            return f"workers={cfg.workers} are Ray actors: set isolation=ray (and distributed.ray.enabled=true)."
-        if cfg.memory_mb < 16:
-            return f"memory_mb={cfg.memory_mb!r}: give the MiB a reward worker may allocate (>= 16), e.g. memory_mb=2048."
-        return None
-
-
-POLICY_KEYS = tuple(f.name for f in fields(RewardPolicy))
-
-
-def split_policy(options: dict[str, Any]) -> tuple[RewardPolicy, dict[str, Any]]:
-    """``options`` of a ``reward`` section as (its policy, the plugin's own options)."""
-    rest = dict(options)
-    policy = RewardPolicy(**{k: rest.pop(k) for k in POLICY_KEYS if k in rest})
-    return policy, rest
+__all__ = ["ISOLATION", "ON_ERROR", "POLICY_KEYS", "RewardPolicy", "split_policy"]
