@@ -22,3 +22,10 @@ def test_matrix_marks_failing_and_unsupported_cells():
     assert cells["algorithm.loss_agg=token_mean"] == {"wrong": "failing", "limited": "native"}
     assert cells["algorithm.loss_agg=seq_mean_token_sum"] == {"wrong": "native", "limited": "unsupported"}
     assert cells["algorithm.advantage=grpo"]["limited"] == "emulated"
+
+
+def test_the_matrix_covers_every_backend_distribution_of_the_repository():
+    from unirl.testing.matrix import REPO_BACKEND_DISTRIBUTIONS
+
+    shipped = {"unirl"} | {p.name for p in (ROOT / "backends").iterdir() if (p / "pyproject.toml").is_file()}
+    assert set(REPO_BACKEND_DISTRIBUTIONS) == shipped

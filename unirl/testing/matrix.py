@@ -30,9 +30,14 @@ them; its L2 step and L3 runs are checked). Formulas: `docs/semantics.md`.
 """
 
 
+#: the distributions of this repository's backends: the core (native) and backends/unirl-NAME
+REPO_BACKEND_DISTRIBUTIONS = ("unirl", "unirl-trl", "unirl-verl", "unirl-openrlhf", "unirl-deepspeed", "unirl-megatron")
+
+
 def repo_backends(host: Any) -> list[str]:
-    """Backends shipped in the unirl distribution (this repository), in name order."""
-    return sorted(r.name for r in host.registry.entries["backend"].values() if r.distribution == "unirl")
+    """Backends shipped by this repository (the core and its backend distributions), in name order."""
+    return sorted(r.name for r in host.registry.entries["backend"].values()
+                  if r.distribution in REPO_BACKEND_DISTRIBUTIONS)
 
 
 def matrix_cells(host: Any, backends: list[str]) -> dict[str, dict[str, str]]:
