@@ -40,9 +40,9 @@ def kind_of(path: str, key: str = "task.path") -> str:
             raise DataError(f"{key}={path!r}: the folder holds no data file ({', '.join(FORMATS)}) and was not written "
                             f"by save_to_disk. {FIX}.", key=key, value=path)
         return "folder"
-    parts = path.split("/")
-    if (len(parts) == 2 and all(parts) and not path.startswith((".", "~")) and not Path(parts[0]).exists()
-            and p.suffix.lower() not in FORMATS):  # org/name, not a missing local data/train.jsonl
+    from unirl.userfiles import looks_local
+
+    if not looks_local(path):  # org/name, not a missing local data/train.jsonl: the one rule paths use
         return "hub"
     where = f" (looked in {os.getcwd()!r})" if not p.is_absolute() else ""
     raise DataError(f"{key}={path!r}: no such file or folder{where}. {FIX}.", key=key, value=path)
