@@ -166,7 +166,7 @@ def test_async_run_on_ray_workers_killed_with_sigkill_resumes_with_its_saved_bat
         ray_cluster, tiny_model_dir, tmp_path, monkeypatch):
     """Acceptances 4 and 5: two rollout workers generate up to two policy versions ahead of
     training (rollout.max_staleness=2) and two reward workers score. A run whose driver is SIGKILLed
-    after global step 8 (its Ray cluster with it) resumes from the checkpoint of step 6: the two
+    inside the checkpoint write of global step 9 (its Ray cluster with it) resumes from the checkpoint of step 6: the two
     batches generated ahead were saved with it (pending.pt), and the resumed run trains on exactly
     those batches before it requests new ones. It ends identical to an uninterrupted run, and every
     step took 16 sequences from the rollout workers and had 16 scored: nothing twice, nothing lost."""
@@ -182,11 +182,14 @@ def test_async_run_on_ray_workers_killed_with_sigkill_resumes_with_its_saved_bat
     args = [str(DEMO), *_short(tiny_model_dir), *POOLS, "rollout.max_staleness=2"]
     calm, hit = tmp_path / "calm", tmp_path / "hit"
     assert main(["run", *args, f"run.dir={calm}"]) == 0
+    # the checkpoint of step 9 is held half-written until the kill: polling the rows raced the run
+    # (on a busy machine the step-9 checkpoint completed between two polls and the resume began there)
+    pause = {"UNIRL_TEST_CHECKPOINT_PAUSE_S": "120", "UNIRL_TEST_CHECKPOINT_PAUSE_AT": "step-00000009"}
     proc = subprocess.Popen([sys.executable, "-m", "unirl", "run", *args, f"run.dir={hit}"], cwd=ROOT,
-                            env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own process group: the driver and its Ray cluster
+                            env={**child_env(), **pause}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # its own process group: the driver and its Ray cluster
     deadline = time.monotonic() + 300
-    while not ((hit / "metrics.jsonl").exists() and len((hit / "metrics.jsonl").read_text().splitlines()) >= 8):
+    while not (hit / "checkpoints" / "step-00000009.tmp").is_dir():
         assert proc.poll() is None, proc.stderr.read()[-1500:]
         assert time.monotonic() < deadline
         time.sleep(0.05)
