@@ -15,7 +15,7 @@ from unirl.rewards.format import FormatRewardConfig
 from unirl.rewards.judge import JudgeRewardConfig
 from unirl.rewards.math_answer import MathVerifyRewardConfig
 from unirl.rewards.reward_model import RewardModelConfig
-from unirl.rollouts.options import HFGenerateConfig
+from unirl.rollouts.options import HFGenerateConfig, VLLMConfig
 from unirl.tasks.arithmetic import ArithmeticTaskConfig
 from unirl.tasks.dataset import DatasetTaskConfig
 from unirl.tasks.text_file import TextFileTaskConfig
@@ -55,6 +55,9 @@ def unirl_register_rewards(register):
 def unirl_register_rollouts(register):
     register("hf_generate", "unirl.rollouts.hf_generate:HFGenerateRollout", config_class=HFGenerateConfig,
              description="Hugging Face generate() with KV cache, in the trainer's process")
+    register("vllm", "unirl.rollouts.vllm_engine:VLLMRollout", config_class=VLLMConfig,
+             description="vLLM in its own process and environment (scripts/setup_vllm_env.sh): token ids in and "
+                         "out, weights pushed through shared memory")
 
 
 @hookimpl

@@ -97,10 +97,13 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k filter
+    min_p: float = 0.0  # 0: no min-p filter
     greedy: bool = False  # argmax decoding (evaluation); temperature, top_p and top_k are not used
     #: also return each sampled token's log-prob under the sampling policy
     #: (``RolloutBatch.rollout_logprobs``; truncated importance sampling needs them)
     logprobs: bool = False
+    #: which: ``raw`` (log-softmax of the logits) or ``processed`` (after temperature and filters)
+    logprob_kind: str = "raw"
 
 
 @runtime_checkable

@@ -117,8 +117,9 @@ class Driver:
         if rollout is not None:
             from unirl.engine.pipeline import GenerationQueue
 
-            queue = GenerationQueue(rollout, rollout_policy(recipe).max_staleness,
-                                    want_logprobs=recipe.algorithm.tis_cap is not None)
+            # every engine returns its sampled tokens' log-probs: each rl row reports the train-inference
+            # mismatch (rollout/logprob_diff_*), and algorithm.tis_cap weighs by them
+            queue = GenerationQueue(rollout, rollout_policy(recipe).max_staleness, want_logprobs=True)
         self._parts = Components(recipe=recipe, trainer=ctx.trainer, task=build_component(recipe, "task", "task", ctx),
                                  reward=build_reward(recipe, ctx, self.host, warn=self._warn_reward), rollout=rollout,
                                  buffer=None if self.trainer_mode else build_component(recipe, "buffer", "buffer", ctx),

@@ -10,7 +10,7 @@ seam, so every backend is timed the same way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -132,6 +132,15 @@ def drop_failed_groups(rollout: RolloutBatch, divisor: int) -> tuple[RolloutBatc
     return rollout.select([i for i, g in enumerate(index) if g in keep]), len(groups) - len(good)
 
 
+def logprob_mismatch(rollout_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor,
+                     mask: torch.Tensor) -> dict[str, float]:
+    """``rollout/logprob_diff_mean`` and ``_max``: ``|log pi_rollout(y_t) - log pi_trainer(y_t)|`` over
+    the response tokens, the trainer's log-probs taken before the update (docs/semantics.md)."""
+    diff = (rollout_logprobs.float() - trainer_logprobs.float()).abs() * mask
+    return {M.ROLLOUT_LOGPROB_DIFF_MEAN: float(diff.sum() / mask.sum().clamp(min=1)),
+            M.ROLLOUT_LOGPROB_DIFF_MAX: float(diff.max()) if diff.numel() else 0.0}
+
+
 def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     algo, trainer = c.recipe.algorithm, c.trainer
     timer = PhaseTimer()
@@ -158,12 +167,17 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
                        f"divide; change the buffer's options (e.g. its fraction) or stages.batch_size.")
     mask = batch.response_mask[:, 1:].float()
     request = score_request(c.recipe)
+    # the trainer's log-probs of the sampled tokens, to report the train-inference mismatch: asked for
+    # even when the update does not use them (it is then given none, as before)
+    mismatch = batch.rollout_logprobs is not None
     with timer("score"):
-        scores = trainer.score(batch, request)
+        scores = trainer.score(batch, replace(request, old_logprobs=True) if mismatch else request)
     for name in ("old_logprobs", "ref_logprobs", "values"):
-        if getattr(request, name) and getattr(scores, name) is None:
+        if (getattr(request, name) or (mismatch and name == "old_logprobs")) and getattr(scores, name) is None:
             raise RuntimeError(f"{type(trainer).__name__}.score() was asked for {name} and returned None")
-    batch.old_logprobs, batch.ref_logprobs, batch.values = scores.old_logprobs, scores.ref_logprobs, scores.values
+    batch.old_logprobs = scores.old_logprobs if request.old_logprobs else None
+    batch.ref_logprobs, batch.values = scores.ref_logprobs, scores.values
+    mismatch_row = logprob_mismatch(batch.rollout_logprobs, scores.old_logprobs, mask) if mismatch else {}
     kl = None
     with timer("advantages"):
         if algo.kl_reward_coef > 0:
@@ -180,6 +194,7 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
         c.trainer_touched = True
         row = trainer.update(batch, plan_update(algo, len(batch), lr))
     row["lr"] = lr
+    row.update(mismatch_row)
     with timer("weight_sync"):
         row.update(trainer.sync_weights(c.rollout))
     c.queue.updated()

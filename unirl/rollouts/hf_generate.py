@@ -34,7 +34,7 @@ class HFGenerateRollout:
     def default_params(self, n: int) -> SamplingParams:
         c = self.config
         return SamplingParams(n=n, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
-                              top_k=c.top_k)
+                              top_k=c.top_k, min_p=c.min_p, logprob_kind=c.logprobs)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
@@ -48,18 +48,21 @@ class HFGenerateRollout:
         try:
             sampling = ({"do_sample": False} if getattr(params, "greedy", False) else
                         {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p,
-                         "top_k": params.top_k})
+                         "top_k": params.top_k, **({"min_p": params.min_p} if params.min_p > 0 else {})})
             want_logprobs = getattr(params, "logprobs", False)
+            # raw: the logits before any processor; processed: the scores sampled from (temperature,
+            # top-k/top-p/min-p applied, filtered tokens at -inf)
+            which = "output_scores" if getattr(params, "logprob_kind", "raw") == "processed" else "output_logits"
             out = self.model.generate(
                 input_ids=prompt_ids, attention_mask=prompt_mask, use_cache=True, **sampling,
                 max_new_tokens=params.max_new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                **({"output_logits": True, "return_dict_in_generate": True} if want_logprobs else {}),
+                **({which: True, "return_dict_in_generate": True} if want_logprobs else {}),
             )
         finally:
             self.model.train(was_training)
         sampled_logprobs = None
         if want_logprobs:  # each sampled token's log-prob under the policy that sampled it (raw logits)
-            logits = torch.stack(out.logits, dim=1).float()  # [B, R, V]
+            logits = torch.stack(out.scores if which == "output_scores" else out.logits, dim=1).float()  # [B, R, V]
             out = out.sequences
             chosen = out[:, prompt_ids.shape[1]:].unsqueeze(-1)
             sampled_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1).cpu()

@@ -4,19 +4,33 @@ keys every rollout section takes are the run's (:mod:`unirl.config.sections`).""
 from __future__ import annotations
 
 from dataclasses import dataclass
+import os
+from typing import Any, Optional
 
 from unirl.config.sections import ROLLOUT_POLICY_KEYS, RolloutPolicy, split_rollout_policy
+from unirl.userfiles import PathKind, path_field
+
+
+LOGPROBS = ("raw", "processed")
 
 
 @dataclass
-class HFGenerateConfig:
+class SamplingConfig:
+    """The sampling knobs every built-in engine takes, with one meaning each (docs/semantics.md,
+    "Sampling and rollout log-probs")."""
+
     max_new_tokens: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k filter
+    min_p: float = 0.0  # 0: no min-p filter
+    #: which log-probs the engine returns for its sampled tokens: ``raw`` (log-softmax of the model's
+    #: logits, what the trainer computes) or ``processed`` (after temperature and the top-k/top-p/min-p
+    #: filters, renormalised: biased as a behaviour policy, see semantics.md)
+    logprobs: str = "raw"
 
     @staticmethod
-    def validate(cfg: HFGenerateConfig) -> str | None:
+    def validate(cfg: SamplingConfig) -> str | None:
         if cfg.max_new_tokens < 1:
             return f"max_new_tokens={cfg.max_new_tokens} must be >= 1."
         if cfg.temperature <= 0:
@@ -25,7 +39,61 @@ class HFGenerateConfig:
             return f"top_p={cfg.top_p} must be in (0, 1]."
         if cfg.top_k < 0:
             return f"top_k={cfg.top_k} must be >= 0 (0 disables it)."
+        if not 0 <= cfg.min_p < 1:
+            return f"min_p={cfg.min_p} must be in [0, 1) (0 disables it)."
+        if cfg.logprobs not in LOGPROBS:
+            return f"logprobs={cfg.logprobs!r}: use one of {', '.join(LOGPROBS)}."
         return None
 
 
-__all__ = ["HFGenerateConfig", "ROLLOUT_POLICY_KEYS", "RolloutPolicy", "split_rollout_policy"]
+@dataclass
+class HFGenerateConfig(SamplingConfig):
+    pass
+
+
+VERIFY_PUSH = ("changed", "off")
+
+
+@dataclass
+class VLLMConfig(SamplingConfig):
+    """``rollout.name=vllm`` (:mod:`unirl.rollouts.vllm_engine`, docs/rollouts.md)."""
+
+    #: the vLLM environment's Python (``scripts/setup_vllm_env.sh``); null: ``$UNIRL_VLLM_PYTHON``, else
+    #: the checkout's ``.venv-vllm``
+    python: Optional[str] = path_field(PathKind.FILE, None, fix="Give the vLLM environment's python, made by "
+                                       "`bash scripts/setup_vllm_env.sh` (.venv-vllm/bin/python).")
+    dtype: Optional[str] = None  # null: model.dtype
+    max_model_len: int = 0  # 0: the model's max_position_embeddings
+    #: after each weight push, refuse one that left the engine's outputs unchanged while the pushed
+    #: tensors differ from what it held (``changed``), or trust it (``off``)
+    verify_push: str = "changed"
+    threads: int = 1  # CPU: the worker's torch threads
+    kv_cache_gib: float = 1.0  # CPU: VLLM_CPU_KVCACHE_SPACE
+    gpu_memory_utilization: float = 0.5  # CUDA: the share of the GPU the engine takes
+    startup_timeout_s: float = 600.0
+
+    @staticmethod
+    def validate(cfg: VLLMConfig, recipe: Any = None) -> str | None:
+        problem = SamplingConfig.validate(cfg)
+        if problem:
+            return problem
+        tiny = recipe.model.tiny if recipe is not None and recipe.model.path is None else None
+        if tiny is not None and tiny.hidden_size // tiny.num_heads < 32:
+            return (f"vLLM's CPU attention needs a head size of at least 32, and the tiny model's is "
+                    f"model.tiny.hidden_size/num_heads = {tiny.hidden_size}/{tiny.num_heads} = "
+                    f"{tiny.hidden_size // tiny.num_heads}: set model.tiny.num_heads={max(1, tiny.hidden_size // 32)} "
+                    f"and model.tiny.num_kv_heads=1 (configs/grpo_tiny_vllm.yaml does).")
+        if cfg.verify_push not in VERIFY_PUSH:
+            return f"verify_push={cfg.verify_push!r}: use one of {', '.join(VERIFY_PUSH)}."
+        if cfg.dtype not in (None, "float32", "bfloat16", "float16"):
+            return f"dtype={cfg.dtype!r}: use float32, bfloat16, float16 or null (model.dtype)."
+        if cfg.threads < 1 or cfg.kv_cache_gib <= 0 or cfg.startup_timeout_s <= 0:
+            return "threads (>= 1), kv_cache_gib (> 0) and startup_timeout_s (> 0) must be positive."
+        if not 0 < cfg.gpu_memory_utilization <= 1:
+            return f"gpu_memory_utilization={cfg.gpu_memory_utilization} must be in (0, 1]."
+        from unirl.rollouts.vllm_env import find_python
+
+        return find_python(cfg.python)[1]
+
+
+__all__ = ["HFGenerateConfig", "SamplingConfig", "VLLMConfig", "ROLLOUT_POLICY_KEYS", "RolloutPolicy", "split_rollout_policy"]

