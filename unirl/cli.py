@@ -113,7 +113,30 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
         console.print(msg, highlight=False, markup=False)
 
     component = next(((k, getattr(args, k)) for k in ("reward", "task", "buffer") if getattr(args, k)), None)
-    if component is not None:
+    if args.backends and not args.rollout:
+        raise UsageError("--backends applies to --rollout (the backends whose log-probs the engine's are compared "
+                         "with); a backend's own levels take --backend.")
+    if args.rollout:
+        from unirl.testing.rollout_level import run_rollout_checks
+
+        if args.learn_steps or args.level != "L0..L3" or args.set or args.steps != 4:
+            raise UsageError("--rollout takes --option (the engine's options) and --backends; --level, --set, "
+                             "--steps and --learn-steps apply to backends and components.")
+        host.registry.get("rollout", args.rollout, key="--rollout")  # unknown: exit 2 listing the installed ones
+        subject = f"rollout {args.rollout}"
+        backends = None
+        if args.backends:
+            backends = [b for b in args.backends.split(",") if b]
+            for b in backends:
+                host.registry.get("backend", b, key="--backends")
+        options = _key_values(args.option, "--option")
+        from unirl.config import load_recipe
+
+        load_recipe(None, [f"rollout.name={args.rollout}", *(f"rollout.{k}={json.dumps(v)}" for k, v in options.items()),
+                           "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",  # the kit's model shape
+                           "stages=[{name: s, type: rl, steps: 1}]"], host=host)  # bad options: exit 2 now
+        results = run_rollout_checks(args.rollout, options, host=host, backends=backends, progress=progress)
+    elif component is not None:
         from unirl.testing.components import run_component_checks
 
         if args.learn_steps or args.level != "L0..L3":
@@ -184,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = sub.add_parser("plugins", help="list installed plugins and what they register")
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     plugins.set_defaults(func=_cmd_plugins)
-    conf = sub.add_parser("conformance", help="check a backend (L0-L3) or a reward, task or buffer against the "
+    conf = sub.add_parser("conformance", help="check a backend (L0-L3) or a reward, task, buffer or rollout against the "
                                              "contract",
                           description="Run the conformance kit against an installed backend, reward, task or buffer "
                                       "and print a table.")
@@ -193,6 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--reward", metavar="NAME", help="a reward: contract on the task's completions, then a run")
     what.add_argument("--task", metavar="NAME", help="a task: seeded sampling and exact data position, then a run")
     what.add_argument("--buffer", metavar="NAME", help="a buffer: rows kept intact through a checkpoint, then a run")
+    what.add_argument("--rollout", metavar="NAME",
+                      help="a rollout engine: weight push, sampling, masks, and its log-probs against each "
+                           "engine-mode backend's (docs/rollouts.md)")
+    conf.add_argument("--backends", metavar="A,B", help="with --rollout: the backends to compare log-probs with "
+                                                        "(default: every installed engine-mode backend)")
     conf.add_argument("--level", default="L0..L3", help="a level (L1) or a range (L0..L3, the default)")
     conf.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                       help="an option of the reward, task or buffer (repeatable)")

@@ -91,7 +91,15 @@ class HFGenerateRollout:
         )
 
     def load_weights(self, weights: Any) -> None:
-        self.model.load_state_dict(weights)
+        tied = getattr(self.model.config, "tie_word_embeddings", False)
+        if tied and "lm_head.weight" not in weights:  # a checkpoint of tied embeddings names the head once
+            self.model.load_state_dict(weights, strict=False)
+            missing = set(self.model.state_dict()) - set(weights) - {"lm_head.weight"}
+            if missing:
+                raise KeyError(f"the pushed weights lack {sorted(missing)[:5]}")
+            self.model.tie_weights()
+        else:
+            self.model.load_state_dict(weights)
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_group": self._next_group}

@@ -83,6 +83,8 @@ class VLLMConfig(SamplingConfig):
                     f"model.tiny.hidden_size/num_heads = {tiny.hidden_size}/{tiny.num_heads} = "
                     f"{tiny.hidden_size // tiny.num_heads}: set model.tiny.num_heads={max(1, tiny.hidden_size // 32)} "
                     f"and model.tiny.num_kv_heads=1 (configs/grpo_tiny_vllm.yaml does).")
+        if cfg.temperature > 2:
+            return f"temperature={cfg.temperature}: vLLM takes temperatures up to 2."
         if cfg.verify_push not in VERIFY_PUSH:
             return f"verify_push={cfg.verify_push!r}: use one of {', '.join(VERIFY_PUSH)}."
         if cfg.dtype not in (None, "float32", "bfloat16", "float16"):
