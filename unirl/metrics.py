@@ -52,8 +52,7 @@ MEMORY_PEAK = "memory/peak_bytes"
 GPU_MEMORY_PEAK = "memory/gpu_peak_bytes"
 ROLLOUT_RESTARTS = "rollout/worker_restarts"  # Ray rollout workers that died this step and were replaced
 REWARD_RESTARTS = "reward/worker_restarts"  # Ray reward workers that died this step and were replaced
-ROLLOUT_PUSH_S = "rollout/weight_push_s"  # engines with their own process (vllm): seconds of this step's weight pushes
-ROLLOUT_ENGINE_VERSION = "rollout/engine_version"  # the policy version the engine holds after this step's push
+TIME_ROLLOUT_PUSH = "time/rollout_push_s"  # engines in their own process (vllm): this step's weight pushes, end to end
 # train-inference mismatch: |rollout engine's log-prob - trainer's log-prob| of each sampled response token
 ROLLOUT_LOGPROB_DIFF_MEAN = "rollout/logprob_diff_mean"
 ROLLOUT_LOGPROB_DIFF_MAX = "rollout/logprob_diff_max"

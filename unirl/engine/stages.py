@@ -175,7 +175,7 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     for name in ("old_logprobs", "ref_logprobs", "values"):
         if (getattr(request, name) or (mismatch and name == "old_logprobs")) and getattr(scores, name) is None:
             raise RuntimeError(f"{type(trainer).__name__}.score() was asked for {name} and returned None")
-    batch.old_logprobs = scores.old_logprobs if request.old_logprobs else None
+    batch.old_logprobs = scores.old_logprobs
     batch.ref_logprobs, batch.values = scores.ref_logprobs, scores.values
     mismatch_row = logprob_mismatch(batch.rollout_logprobs, scores.old_logprobs, mask) if mismatch else {}
     kl = None

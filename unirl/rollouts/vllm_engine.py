@@ -258,6 +258,8 @@ class VLLMRollout:
             size = os.path.getsize(path)
             self._version += 1
             answer = self._call("load_weights", path=path, version=self._version, verify=self.config.verify_push)
+            if answer["version"] != self._version:
+                raise RunError(f"the vLLM worker holds policy version {answer['version']} after push {self._version}")
         finally:
             if os.path.exists(path):  # the worker removes it once read; not when it failed first
                 os.unlink(path)
@@ -269,12 +271,11 @@ class VLLMRollout:
         return self._call("prompt_logprobs", sequences=[list(map(int, s)) for s in sequences])["logprobs"]
 
     def take_counts(self) -> dict[str, float]:
-        """The step's row: the weight pushes since the last row (seconds, the engine's share)."""
+        """The step's row: the seconds of the weight pushes since the last row."""
         pushes, self._pushes = self._pushes, []
         if not pushes:
             return {}
-        return {M.ROLLOUT_PUSH_S: sum(p["seconds"] for p in pushes),
-                M.ROLLOUT_ENGINE_VERSION: float(self._version)}
+        return {M.TIME_ROLLOUT_PUSH: sum(p["seconds"] for p in pushes)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_group": self._next_group}

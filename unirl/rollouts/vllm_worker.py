@@ -121,7 +121,8 @@ class Worker:
                        for name, t in weights.items())
 
         differs = bool(self.llm.apply_model(differs_from)[0])
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+        if os.environ.get("UNIRL_TEST_VLLM_SKIP_RELOAD") != "1":  # tests: a sync that silently does nothing
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
         repacked = False
         if os.environ.get("UNIRL_TEST_VLLM_NO_REPACK") != "1":
             repacked = bool(self.llm.apply_model(_repack_tied_output_layer)[0])
