@@ -3,5 +3,6 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup_env.sh"
+bash "$root/scripts/setup_vllm_env.sh" >/dev/null  # the vLLM rollout engine's environment (tests/test_vllm_rollout.py)
 cd "$root"
 exec "$root/.venv/bin/python" -m pytest "$@"

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import ROOT
 from tests.test_conformance_kit import WrongPlugin
 from unirl.plugin_manager import get_plugin_host
+from unirl.rollouts.vllm_env import find_python
 from unirl.testing.matrix import matrix_cells, render
 
 
+@pytest.mark.skipif(find_python(None)[0] is None, reason="the matrix's rollout rows are generated with the vLLM "
+                    "environment (scripts/setup_vllm_env.sh, which scripts/test.sh runs); it is absent here")
 def test_committed_matrix_is_current():
     committed = (ROOT / "docs" / "semantics-matrix.md").read_text()
     assert committed == render(), ("docs/semantics-matrix.md is stale: regenerate it with "

@@ -4,7 +4,6 @@ which the test command runs) and process; the rollout conformance level for both
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
 import pytest
 import torch

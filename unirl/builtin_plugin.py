@@ -15,7 +15,7 @@ from unirl.rewards.format import FormatRewardConfig
 from unirl.rewards.judge import JudgeRewardConfig
 from unirl.rewards.math_answer import MathVerifyRewardConfig
 from unirl.rewards.reward_model import RewardModelConfig
-from unirl.rollouts.options import HFGenerateConfig, VLLMConfig
+from unirl.rollouts.options import HFGenerateConfig, SGLangConfig, VLLMConfig
 from unirl.tasks.arithmetic import ArithmeticTaskConfig
 from unirl.tasks.dataset import DatasetTaskConfig
 from unirl.tasks.text_file import TextFileTaskConfig
@@ -58,6 +58,9 @@ def unirl_register_rollouts(register):
     register("vllm", "unirl.rollouts.vllm_engine:VLLMRollout", config_class=VLLMConfig,
              description="vLLM in its own process and environment (scripts/setup_vllm_env.sh): token ids in and "
                          "out, weights pushed through shared memory")
+    register("sglang", "unirl.rollouts.sglang_engine:SGLangRollout", config_class=SGLangConfig,
+             description="SGLang: refused with the reason where it does not run (docs/rollouts.md); "
+                         "scripts/gpu/sglang.sh measures it on a GPU")
 
 
 @hookimpl

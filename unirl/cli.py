@@ -250,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each backend again on each of these parallel layouts it runs, side by side with its own "
                         "(keys: dp, tp, pp, zero_stage, offload), e.g. --layouts dp=2 dp=2,zero_stage=3 tp=2; "
                         "each multi-rank entry runs once more with profile.collectives=true for its comm columns")
+    b.add_argument("--rollouts", metavar="A,B",
+                   help="each backend again with each of these rollout engines (e.g. --rollouts hf_generate,vllm): "
+                        "a generation table per engine (generate tokens/s, first batch, weight push, log-prob gap)")
     b.add_argument("--variants", nargs="+", metavar="KEY=V[,KEY=V]",
                    help="each backend again with these recipe overrides, side by side with the plain run, e.g. "
                         "--variants rollout.max_staleness=1 distributed.ray.enabled=true,rollout.workers=2 "

@@ -34,6 +34,7 @@ def run_bench(args: argparse.Namespace) -> int:
     plain = list(backends)
     backends += _layout_entries(args, plain)
     backends += _variant_entries(args, plain)
+    backends += _rollout_entries(args, plain)
     for flag, value, low in (("--steps", args.steps, 1), ("--repeat", args.repeat, 1), ("--warmup", args.warmup, 0)):
         if value < low:
             raise UsageError(f"{flag}={value} must be >= {low}.")
@@ -117,6 +118,30 @@ def _variant_entries(args: argparse.Namespace, backends: list[str]) -> list[str]
         for backend in backends:
             load_recipe(args.recipe, [*args.overrides, f"backend={backend}", *items])  # exit 2 on a bad value
             out.append(layout_label(backend, items))
+    return out
+
+
+def _rollout_entries(args: argparse.Namespace, backends: list[str]) -> list[str]:
+    """``--rollouts A,B``: each backend again with each rollout engine other than the recipe's own
+    (``native[rollout.name=vllm]``), each checked as a recipe before anything runs."""
+    from unirl.bench.runner import layout_label
+    from unirl.config import load_recipe
+    from unirl.plugin_manager import get_plugin_host
+
+    if not args.rollouts:
+        return []
+    host = get_plugin_host()
+    names = [r.strip() for r in args.rollouts.split(",") if r.strip()]
+    for name in names:
+        host.registry.get("rollout", name, key="--rollouts")  # unknown: exit 2 listing the installed ones
+    own = load_recipe(args.recipe, args.overrides, host=host).rollout.name
+    out: list[str] = []
+    for name in names:
+        if name == own:
+            continue
+        for backend in backends:
+            load_recipe(args.recipe, [*args.overrides, f"backend={backend}", f"rollout.name={name}"], host=host)
+            out.append(layout_label(backend, [f"rollout.name={name}"]))
     return out
 
 

@@ -49,6 +49,25 @@ def table_rows(result: BenchResult, ranges: bool = True) -> tuple[list[str], lis
     return header, body
 
 
+def generation_lines(result: BenchResult) -> list[str]:
+    """Each entry's rollout engine: the generate phase's tokens/s, the first batch (engine warm-up in
+    it; the engine's start-up is in the process seconds), the weight push per step, the worst
+    train-inference log-prob gap."""
+    rows = [s for s in result.stages if s.generation]
+    if not rows:
+        return []
+    lines = ["", "Generation (rl stages): the rollout engine's own numbers, median [min-max].", "",
+             "| backend | engine | generate tok/s | first batch s | weight push ms | push MiB | max logprob diff |",
+             "|---|---|---|---|---|---|---|"]
+    for s in rows:
+        g = s.generation or {}
+        diff = g.get("logprob_diff_max")
+        lines.append(f"| {s.backend} | {g.get('engine', '-')} | {_fmt(g['tokens_per_s'])} | {_fmt(g['first_batch_s'])} | "
+                     f"{_fmt(g['push_s'], 1e3)} | {g['push_bytes'] / 2**20:.3g} | "
+                     f"{'-' if diff is None else f'{diff:.2g}'} |")
+    return lines
+
+
 def comm_mib(stage: StageResult) -> str:
     """Median MiB of every collective of a step, summed over kinds (rank 0's)."""
     total = sum(v.median for k, v in stage.comm.items() if k.endswith("_bytes"))
@@ -64,6 +83,7 @@ def markdown(result: BenchResult) -> str:
              "", f"Machine: {machine}.", "", roofline_line(result), "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
+    lines += generation_lines(result)
     lines += ratio_lines(result)
     lines += ab_lines(result)
     lines += direct_lines(result)
@@ -152,7 +172,8 @@ def print_table(result: BenchResult, console: Any) -> None:
     for row in body:
         table.add_row(*(escape(cell) for cell in row))  # layout entries: "deepspeed[dp=2]" is not markup
     console.print(table)
-    for line in [roofline_line(result)] + ratio_lines(result) + ab_lines(result) + direct_lines(result):
+    for line in [roofline_line(result)] + generation_lines(result) + ratio_lines(result) + ab_lines(result) \
+            + direct_lines(result):
         console.print(line, highlight=False, markup=False)
 
 

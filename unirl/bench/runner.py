@@ -54,6 +54,10 @@ class StageResult:
     #: (policy versions) and the sequences dropped as too old, over the measured steps
     staleness: Stat | None = None
     dropped: float | None = None
+    #: rl stages: the rollout engine's own numbers (``unirl bench --rollouts``): generated tokens per
+    #: second of the generate phase, the first step's generate seconds (the engine's warm-up in it),
+    #: weight-sync seconds and bytes per step, the worst train-inference log-prob gap
+    generation: dict[str, Any] | None = None
 
 
 @dataclass
@@ -179,8 +183,23 @@ def summarise(backend: str, rows: list[dict[str, Any]], warmup: int, devices: in
                                max((r.get(M.MEMORY_RANK_PEAK, 0.0) for r in measured), default=0.0),
                                Stat.of([r[M.ASYNC_STALENESS_MEAN] for r in measured if M.ASYNC_STALENESS_MEAN in r]),
                                sum(r[M.ASYNC_DROPPED] for r in measured if M.ASYNC_DROPPED in r)
-                               if any(M.ASYNC_DROPPED in r for r in measured) else None))
+                               if any(M.ASYNC_DROPPED in r for r in measured) else None,
+                               generation_numbers(rows, measured) if stage_type == "rl" else None))
     return out
+
+
+def generation_numbers(rows: list[dict[str, Any]], measured: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The rollout engine's columns of an rl stage (see :attr:`StageResult.generation`)."""
+    gen = [r[M.TOKENS_GENERATED] / r[M.TIME_GENERATE] for r in measured
+           if r.get(M.TIME_GENERATE) and M.TOKENS_GENERATED in r]
+    if not gen:
+        return None
+    first = [r[M.TIME_GENERATE] for r in rows if r["stage_type"] == "rl" and r["step"] == 1 and M.TIME_GENERATE in r]
+    diffs = [r[M.ROLLOUT_LOGPROB_DIFF_MAX] for r in measured if M.ROLLOUT_LOGPROB_DIFF_MAX in r]
+    return {"tokens_per_s": Stat.of(gen), "first_batch_s": Stat.of(first),
+            "push_s": Stat.of([r[M.TIME_SYNC] for r in measured if M.TIME_SYNC in r]),
+            "push_bytes": statistics.median([r.get(M.WEIGHT_SYNC_BYTES, 0.0) for r in measured]),
+            "logprob_diff_max": max(diffs) if diffs else None}
 
 
 def model_shape(run_dir: Path, recipe: Any) -> Any:
@@ -311,6 +330,11 @@ def bench(recipe: str, backends: Sequence[str], *, steps: int, repeat: int, warm
             result.process_s[backend] = Stat.of(walls[backend])
             stages = summarise(backend, rows[backend], warmup, ranks(backend), loaded, shapes.get(backend),
                                result.roofline["flops_per_s"])
+            engine = next((o.partition("=")[2] for o in split_label(backend)[1] if o.startswith("rollout.name=")),
+                          loaded.rollout.name)
+            for st in stages:
+                if st.generation is not None:
+                    st.generation["engine"] = engine
             if backend in comm_rows:  # the profiled run's collectives (its timings are not used)
                 profiled_stages = {st.stage_type: st for st in summarise(backend, comm_rows[backend], warmup, 1)}
                 for st in stages:

@@ -4,12 +4,10 @@ keys every rollout section takes are the run's (:mod:`unirl.config.sections`).""
 from __future__ import annotations
 
 from dataclasses import dataclass
-import os
 from typing import Any, Optional
 
 from unirl.config.sections import ROLLOUT_POLICY_KEYS, RolloutPolicy, split_rollout_policy
 from unirl.userfiles import PathKind, path_field
-
 
 LOGPROBS = ("raw", "processed")
 
@@ -67,7 +65,7 @@ class VLLMConfig(SamplingConfig):
     #: after each weight push, refuse one that left the engine's outputs unchanged while the pushed
     #: tensors differ from what it held (``changed``), or trust it (``off``)
     verify_push: str = "changed"
-    threads: int = 1  # CPU: the worker's torch threads
+    threads: int = 0  # CPU: the worker's threads (0: run.threads, else this machine's cores)
     kv_cache_gib: float = 1.0  # CPU: VLLM_CPU_KVCACHE_SPACE
     gpu_memory_utilization: float = 0.5  # CUDA: the share of the GPU the engine takes
     startup_timeout_s: float = 600.0
@@ -89,8 +87,8 @@ class VLLMConfig(SamplingConfig):
             return f"verify_push={cfg.verify_push!r}: use one of {', '.join(VERIFY_PUSH)}."
         if cfg.dtype not in (None, "float32", "bfloat16", "float16"):
             return f"dtype={cfg.dtype!r}: use float32, bfloat16, float16 or null (model.dtype)."
-        if cfg.threads < 1 or cfg.kv_cache_gib <= 0 or cfg.startup_timeout_s <= 0:
-            return "threads (>= 1), kv_cache_gib (> 0) and startup_timeout_s (> 0) must be positive."
+        if cfg.threads < 0 or cfg.kv_cache_gib <= 0 or cfg.startup_timeout_s <= 0:
+            return "threads (>= 0; 0: run.threads), kv_cache_gib (> 0) and startup_timeout_s (> 0) must be positive."
         if not 0 < cfg.gpu_memory_utilization <= 1:
             return f"gpu_memory_utilization={cfg.gpu_memory_utilization} must be in (0, 1]."
         from unirl.rollouts.vllm_env import find_python
@@ -98,4 +96,33 @@ class VLLMConfig(SamplingConfig):
         return find_python(cfg.python)[1]
 
 
-__all__ = ["HFGenerateConfig", "SamplingConfig", "VLLMConfig", "ROLLOUT_POLICY_KEYS", "RolloutPolicy", "split_rollout_policy"]
+@dataclass
+class SGLangConfig(SamplingConfig):
+    """``rollout.name=sglang``: registered so that a recipe naming it is refused before anything runs,
+    with the reason (docs/rollouts.md)."""
+
+    @staticmethod
+    def validate(cfg: SGLangConfig) -> str | None:
+        return SamplingConfig.validate(cfg) or sglang_refusal()
+
+
+def sglang_refusal() -> str:
+    """Why ``rollout.name=sglang`` does not run here (it runs nowhere yet: on GPUs
+    ``scripts/gpu/sglang.sh`` measures SGLang alone)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return ("unirl has no SGLang engine yet: on this GPU, scripts/gpu/sglang.sh measures SGLang's generation "
+                "and log-probs on their own; use rollout.name=vllm (or hf_generate) to train.")
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        flags = ""
+    has_amx = "amx_tile" in flags
+    return ("SGLang does not run on this machine: it generates on NVIDIA or AMD GPUs, and on CPUs only with Intel "
+            "AMX (4th-generation Xeon or newer) and a source build of its CPU kernels (docs.sglang.io, CPU servers); "
+            f"here there is no CUDA device and the CPU {'has' if has_amx else 'lacks'} AMX. Use rollout.name=vllm "
+            "(vLLM's CPU build runs here) or hf_generate; scripts/gpu/sglang.sh measures SGLang on a GPU.")
+
+
+__all__ = ["HFGenerateConfig", "SGLangConfig", "SamplingConfig", "VLLMConfig", "ROLLOUT_POLICY_KEYS", "RolloutPolicy", "split_rollout_policy"]

@@ -104,7 +104,7 @@ class VLLMRollout:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
         env.update({"UNIRL_VLLM_AUTHKEY": key.hex(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                     "VLLM_CPU_KVCACHE_SPACE": f"{self.config.kv_cache_gib:g}",
-                    "OMP_NUM_THREADS": str(self.config.threads), "VLLM_LOGGING_LEVEL": "WARNING",
+                    "OMP_NUM_THREADS": str(self._threads(ctx)), "VLLM_LOGGING_LEVEL": "WARNING",
                     "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
         self._log.parent.mkdir(parents=True, exist_ok=True)
         with open(self._log, "ab") as log:  # the worker keeps its own descriptor
@@ -127,6 +127,11 @@ class VLLMRollout:
                                f"{self.config.startup_timeout_s:g}; its log: {self._log}")
             time.sleep(0.05)
         self._finalizer = weakref.finalize(self, _stop, self._proc, self._conn, self._tmp)
+
+    def _threads(self, ctx: BuildContext) -> int:
+        """The worker's CPU threads: ``rollout.threads``, else ``run.threads``, else every core (in a
+        synchronous run the trainer waits while the engine generates)."""
+        return int(self.config.threads or ctx.recipe.run.threads or os.cpu_count() or 1)
 
     def _died(self, what: str) -> str:
         tail = ""

@@ -70,6 +70,7 @@ def render(host: Any | None = None) -> str:
         subject = f"{key}={shown(value)}"
         lines.append(f"| `{key}` | `{shown(value)}` | " + " | ".join(cells[subject][b] for b in backends) + " |")
     lines += _layouts(host, backends)
+    lines += _rollouts(host, backends)
     fixed = [(b, key, f) for b in backends for key, f in
              (host.registry.get("backend", b).capabilities.fixed.items()
               if host.registry.get("backend", b).capabilities else [])]
@@ -104,6 +105,53 @@ def _layouts(host: Any, backends: list[str]) -> list[str]:
     for key in (*PARALLEL_DIMS, *PARALLEL_OPTIONS):
         lines.append(f"| `parallel.{key}` | " + " | ".join(
             cell(host.registry.get("backend", b).capabilities, key) for b in backends) + " |")
+    return lines
+
+
+def repo_rollouts(host: Any) -> list[str]:
+    """Rollout engines shipped by this repository, in name order."""
+    return sorted(r.name for r in host.registry.entries["rollout"].values() if r.distribution in REPO_BACKEND_DISTRIBUTIONS)
+
+
+def rollout_cells(host: Any, backends: list[str]) -> dict[str, dict[str, str]]:
+    """engine -> backend -> ``agrees`` (the rollout level's log-prob check passes), ``failing``,
+    ``trainer mode`` (the backend generates with its framework's own path) or ``refused: WHY``."""
+    from unirl.config import load_recipe
+    from unirl.errors import UsageError
+    from unirl.testing.rollout_level import RolloutKit, check_logprobs, engine_backends
+
+    engine_mode = set(engine_backends(host))
+    cells: dict[str, dict[str, str]] = {}
+    for engine in repo_rollouts(host):
+        try:
+            load_recipe(None, [f"rollout.name={engine}", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
+                               "stages=[{name: s, type: rl, steps: 1}]"], host=host)
+        except UsageError as exc:
+            cells[engine] = {b: "refused" for b in backends}
+            cells[engine][""] = str(exc).partition(": ")[2].split(":")[0].strip()  # why, in a line under the table
+            continue
+        kit = RolloutKit(engine, host=host)
+        try:
+            cells[engine] = {b: "trainer mode" if b not in engine_mode else
+                             "agrees" if check_logprobs(kit, b).status == "passed" else "failing" for b in backends}
+        finally:
+            kit.close()
+    return cells
+
+
+def _rollouts(host: Any, backends: list[str]) -> list[str]:
+    from unirl.testing.rollout_level import LOGPROB_TOL
+
+    cells = rollout_cells(host, backends)
+    lines = ["", "## Rollout engines", "",
+             "Each engine's sampled-token log-probs against each backend's `score()` of the same tokens, after the",
+             "backend pushed its weights (`unirl conformance --rollout NAME`, check `logprobs`): **agrees** (max abs",
+             f"difference <= {LOGPROB_TOL:g}, float32), **failing**, **trainer mode** (the backend generates with its",
+             "framework's own path), **refused** (the engine does not run here; docs/rollouts.md). Measured numbers:",
+             "docs/rollouts.md.", "", f"| rollout | {' | '.join(backends)} |", f"|---|{'---|' * len(backends)}"]
+    for engine, row in cells.items():
+        lines.append(f"| `{engine}` | " + " | ".join(row[b] for b in backends) + " |")
+    lines += [""] + [f"`{engine}` refused: {row['']}." for engine, row in cells.items() if "" in row]
     return lines
 
 

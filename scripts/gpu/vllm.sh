@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# rollout.name=vllm on one CUDA GPU, from the repository root. Needs a CUDA vLLM environment (the device
+# machine reaches no package index): UNIRL_VLLM_PYTHON=/path/to/venv-with-vllm/bin/python.
+#   1. The rollout level (unirl conformance --rollout vllm): weight push vs transformers greedy, sampling
+#      chi-square, masks, log-probs against native (CUDA, float32 tiny model).
+#   2. Generation at the Qwen2.5-0.5B shape (random weights, bf16), 128 new tokens: unirl bench
+#      --rollouts hf_generate,vllm on native; the generation table gives tokens/s of each engine, the
+#      first batch, and the weight push (the file on /dev/shm; NCCL/CUDA-IPC would replace it).
+# Results go to $OUT (default /tmp/unirl-gpu-vllm).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source scripts/gpu/common.sh
+gpu_setup vllm transformers
+if [ -z "${UNIRL_VLLM_PYTHON:-}" ] || ! "$UNIRL_VLLM_PYTHON" -c "import vllm" 2>/dev/null; then
+  echo "SKIP: set UNIRL_VLLM_PYTHON to a Python with a CUDA build of vllm" | tee -a "$out/summary.txt"; exit 0
+fi
+failed=0
+echo "== rollout level: vllm against native (CUDA)"
+"$PY" -m unirl conformance --rollout vllm --backends native --json "$out/rollout-level.json" | tee -a "$out/summary.txt" \
+  || failed=1
+echo "== generation: hf_generate vs vllm, Qwen2.5-0.5B shape, bf16, 128 new tokens"
+"$PY" -m unirl bench configs/grpo_tiny_vllm.yaml "${model_args[@]}" model.dtype=bfloat16 rollout.max_new_tokens=128 \
+  trainer.micro_batch_size=32 'stages=[{name: sft, type: sft, steps: 4, batch_size: 16}, {name: grpo, type: rl, steps: 6, batch_size: 16, lr: 1.0e-6}]' \
+  --rollouts hf_generate,vllm --steps 6 --repeat 1 --warmup 2 --no-baseline \
+  --json "$out/bench.json" --md "$out/bench.md" --workdir "$out/runs" || failed=1
+grep -A6 "^Generation" "$out/bench.md" | tee -a "$out/summary.txt"
+exit $failed
