@@ -197,3 +197,39 @@ def test_tis_weights_use_the_engines_logprobs(kind, tmp_path, monkeypatch):
         assert (deviation < 1e-4) if kind == "raw" else (deviation > 0.05), deviation
     rows = [r for r in read_rows(tmp_path / "r") if r["stage_type"] == "rl"]
     assert all(M.TIS_WEIGHT_MEAN in r for r in rows)
+
+
+def test_rollout_user_errors_exit_2_naming_the_fix(tmp_path, capsys):
+    assert main(["run", str(ROOT / "configs" / "grpo_tiny.yaml"), "rollout.name=sglang", f"run.dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err
+    assert "SGLang does not run on this machine" in err and "scripts/gpu/sglang.sh" in err
+    assert main(["conformance", "--rollout", "nope"]) == 2
+    assert "Installed rollouts: hf_generate, sglang, vllm" in capsys.readouterr().err.replace("\n", " ")
+    assert main(["conformance", "--backends", "native"]) == 2
+    assert "--backends applies to --rollout" in capsys.readouterr().err
+    assert main(["conformance", "--rollout", "hf_generate", "--backends", "nothing"]) == 2
+    assert main(["conformance", "--rollout", "hf_generate", "--option", "top_p=2"]) == 2
+    assert "top_p=2" in capsys.readouterr().err
+    assert main(["bench", str(VLLM_DEMO), "--rollouts", "hf_generate,nope"]) == 2
+    assert "no rollout named 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+@needs_vllm
+def test_bench_compares_the_engines_generation_side_by_side(tmp_path):
+    """Acceptance 4: `unirl bench --rollouts hf_generate,vllm` prints a generation row per engine
+    (generate tokens/s, first batch, weight push time and bytes, the log-prob gap) and plots both."""
+    import json
+
+    md, js = tmp_path / "bench.md", tmp_path / "bench.json"
+    assert main(["bench", str(VLLM_DEMO), "--rollouts", "hf_generate,vllm", "--steps", "3", "--repeat", "1",
+                 "--warmup", "1", "--no-baseline", "--md", str(md), "--json", str(js), "--plot",
+                 str(tmp_path / "bench.png"), "--workdir", str(tmp_path / "w")]) == 0
+    text = md.read_text()
+    assert "| backend | engine | generate tok/s | first batch s | weight push ms | push MiB | max logprob diff |" in text
+    rows = {s["generation"]["engine"]: s["generation"] for s in json.loads(js.read_text())["stages"]
+            if s["generation"]}
+    assert set(rows) == {"hf_generate", "vllm"}
+    assert rows["hf_generate"]["push_bytes"] == 0 and rows["vllm"]["push_bytes"] > 4e5  # shared vs pushed
+    assert all(r["tokens_per_s"]["median"] > 0 and r["logprob_diff_max"] < 1e-4 for r in rows.values())
+    assert (tmp_path / "bench.png").stat().st_size > 0

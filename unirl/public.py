@@ -53,6 +53,8 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "unirl.metrics": ("*",),  # the shared metric names, REQUIRED, check_row_keys
     "unirl.testing.suite": ("TrainerBackendTests", "RewardTests", "TaskTests", "BufferTests", "RolloutBackendTests"),
     "unirl.testing.components": ("*",),  # the component checks the suites call
+    "unirl.testing.rollout_level": ("RolloutKit", "run_rollout_checks", "check_weight_push", "check_sampling",
+                                    "check_masks", "check_logprobs"),  # the rollout level, check by check
 }
 
 

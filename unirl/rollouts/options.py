@@ -50,6 +50,7 @@ class HFGenerateConfig(SamplingConfig):
 
 
 VERIFY_PUSH = ("changed", "off")
+WEIGHT_TRANSPORTS = ("shm_file", "cuda_ipc")
 
 
 @dataclass
@@ -65,6 +66,9 @@ class VLLMConfig(SamplingConfig):
     #: after each weight push, refuse one that left the engine's outputs unchanged while the pushed
     #: tensors differ from what it held (``changed``), or trust it (``off``)
     verify_push: str = "changed"
+    #: how weights reach the engine: ``shm_file`` (a safetensors file on /dev/shm; CPU and GPU) or
+    #: ``cuda_ipc`` (CUDA IPC handles of the trainer's GPU tensors; CUDA only, same GPU)
+    weight_transport: str = "shm_file"
     threads: int = 0  # CPU: the worker's threads (0: run.threads, else this machine's cores)
     kv_cache_gib: float = 1.0  # CPU: VLLM_CPU_KVCACHE_SPACE
     gpu_memory_utilization: float = 0.5  # CUDA: the share of the GPU the engine takes
@@ -81,6 +85,14 @@ class VLLMConfig(SamplingConfig):
                     f"model.tiny.hidden_size/num_heads = {tiny.hidden_size}/{tiny.num_heads} = "
                     f"{tiny.hidden_size // tiny.num_heads}: set model.tiny.num_heads={max(1, tiny.hidden_size // 32)} "
                     f"and model.tiny.num_kv_heads=1 (configs/grpo_tiny_vllm.yaml does).")
+        if cfg.weight_transport not in WEIGHT_TRANSPORTS:
+            return f"weight_transport={cfg.weight_transport!r}: use one of {', '.join(WEIGHT_TRANSPORTS)}."
+        if cfg.weight_transport == "cuda_ipc":
+            import torch
+
+            if not torch.cuda.is_available():
+                return ("weight_transport='cuda_ipc' hands CUDA tensors to the engine by IPC handle, and no CUDA "
+                        "device is visible here: use weight_transport=shm_file.")
         if cfg.temperature > 2:
             return f"temperature={cfg.temperature}: vLLM takes temperatures up to 2."
         if cfg.verify_push not in VERIFY_PUSH:

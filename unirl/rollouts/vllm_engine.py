@@ -244,7 +244,10 @@ class VLLMRollout:
                             rollout_logprobs=logprobs if ticket["logprobs"] else None)
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Push the policy: one safetensors file on shared memory, loaded in place by the worker."""
+        """Push the policy (``rollout.weight_transport``): one safetensors file on shared memory, or
+        CUDA IPC handles of GPU tensors; the worker loads either in place."""
+        if self.config.weight_transport == "cuda_ipc":
+            return self._push_cuda_ipc(weights)
         from safetensors.torch import save_file
 
         start = time.perf_counter()
@@ -269,6 +272,24 @@ class VLLMRollout:
             if os.path.exists(path):  # the worker removes it once read; not when it failed first
                 os.unlink(path)
         self._pushes.append({"seconds": time.perf_counter() - start, "bytes": float(size),
+                             "engine_s": float(answer["seconds"])})
+
+    def _push_cuda_ipc(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """The GPU transport: IPC handles of CUDA tensors travel, not the bytes (the trainer's process
+        holds the tensors until the worker has copied them). Checked at recipe load: CUDA only;
+        ``scripts/gpu/vllm.sh`` runs the rollout level with it."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        start = time.perf_counter()
+        tensors = {name: t.detach().to("cuda").contiguous() for name, t in weights.items()}
+        handles = {name: reduce_tensor(t) for name, t in tensors.items()}
+        self._version += 1
+        answer = self._call("load_weights", handles=handles, version=self._version, verify=self.config.verify_push)
+        if answer["version"] != self._version:
+            raise RunError(f"the vLLM worker holds policy version {answer['version']} after push {self._version}")
+        del tensors
+        self._pushes.append({"seconds": time.perf_counter() - start,
+                             "bytes": float(sum(t.numel() * t.element_size() for t in weights.values())),
                              "engine_s": float(answer["seconds"])})
 
     def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:

@@ -107,13 +107,22 @@ class Worker:
     def prompt_logprobs(self, sequences: list[list[int]]) -> dict[str, Any]:
         return {"logprobs": self._prompt_logprobs(sequences)}
 
-    def load_weights(self, path: str, version: int, verify: str) -> dict[str, Any]:
+    def load_weights(self, version: int, verify: str, path: str | None = None,
+                     handles: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A push: ``path``, a safetensors file on shared memory (removed once read), or ``handles``,
+        CUDA IPC handles of the trainer's tensors (``torch.multiprocessing.reductions.reduce_tensor``:
+        the same torch build on both sides; the trainer keeps them alive until this answers)."""
         import torch
-        from safetensors.torch import load_file
 
         start = time.perf_counter()
-        weights = load_file(path)
-        os.unlink(path)  # the shared-memory copy is ours to remove once read
+        if handles is not None:
+            weights = {name: rebuild(*args) for name, (rebuild, args) in handles.items()}
+        else:
+            from safetensors.torch import load_file
+
+            assert path is not None
+            weights = load_file(path)
+            os.unlink(path)  # the shared-memory copy is ours to remove once read
         # before loading: do the pushed tensors differ from the engine's plain (unpacked) parameters?
         def differs_from(model: Any) -> bool:
             held = dict(model.named_parameters())
