@@ -98,6 +98,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k filter
     min_p: float = 0.0  # 0: no min-p filter
+    #: strings that end a completion: the token completing one is its last (kept in the mask)
+    stop: list[str] = field(default_factory=list)
     greedy: bool = False  # argmax decoding (evaluation); temperature, top_p and top_k are not used
     #: also return each sampled token's log-prob under the sampling policy
     #: (``RolloutBatch.rollout_logprobs``; truncated importance sampling needs them)

@@ -11,6 +11,18 @@ from unirl.batch import RolloutBatch
 from unirl.protocols import BuildContext, SamplingParams
 
 
+def stop_ends(tok: Any, response: torch.Tensor, stop: Sequence[str]) -> torch.Tensor:
+    """[B, R] bool: True at the first token whose prefix's text contains one of ``stop``."""
+    ends = torch.zeros_like(response, dtype=torch.bool)
+    for i, row in enumerate(response.tolist()):
+        for t in range(len(row)):
+            text = tok.decode(row[:t + 1], skip_special_tokens=True)
+            if any(s in text for s in stop):
+                ends[i, t] = True
+                break
+    return ends
+
+
 class HFGenerateRollout:
     """Samples with the trainer's own module when it is in-process (``shares_trainer_policy``:
     weight sync sends nothing), otherwise with its own copy loaded from ``model.path`` and
@@ -34,7 +46,7 @@ class HFGenerateRollout:
     def default_params(self, n: int) -> SamplingParams:
         c = self.config
         return SamplingParams(n=n, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
-                              top_k=c.top_k, min_p=c.min_p, logprob_kind=c.logprobs)
+                              top_k=c.top_k, min_p=c.min_p, stop=list(c.stop), logprob_kind=c.logprobs)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
@@ -53,6 +65,9 @@ class HFGenerateRollout:
             # raw: the logits before any processor; processed: the scores sampled from (temperature,
             # top-k/top-p/min-p applied, filtered tokens at -inf)
             which = "output_scores" if getattr(params, "logprob_kind", "raw") == "processed" else "output_logits"
+            stop = list(getattr(params, "stop", None) or [])
+            if stop:  # generation of a row ends once its text holds one (the mask is cut below)
+                sampling.update(stop_strings=stop, tokenizer=tok)
             out = self.model.generate(
                 input_ids=prompt_ids, attention_mask=prompt_mask, use_cache=True, **sampling,
                 max_new_tokens=params.max_new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
@@ -71,6 +86,8 @@ class HFGenerateRollout:
         response = out[:, p_len:]
         # Response tokens up to and including the first EOS are real; generate pads after it.
         is_eos = response == tok.eos_token_id
+        if stop:  # the token completing a stop string ends the response, as EOS does
+            is_eos = is_eos | stop_ends(tok, response, stop)
         after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
         resp_mask = (~after_eos).long()
         completions = tok.batch_decode(response.masked_fill(after_eos, tok.pad_token_id), skip_special_tokens=True)

@@ -3,8 +3,8 @@ keys every rollout section takes are the run's (:mod:`unirl.config.sections`).""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
 
 from unirl.config.sections import ROLLOUT_POLICY_KEYS, RolloutPolicy, split_rollout_policy
 from unirl.userfiles import PathKind, path_field
@@ -22,6 +22,8 @@ class SamplingConfig:
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k filter
     min_p: float = 0.0  # 0: no min-p filter
+    #: strings that end a completion; the token that completes one is its last (in the mask)
+    stop: List[str] = field(default_factory=list)
     #: which log-probs the engine returns for its sampled tokens: ``raw`` (log-softmax of the model's
     #: logits, what the trainer computes) or ``processed`` (after temperature and the top-k/top-p/min-p
     #: filters, renormalised: biased as a behaviour policy, see semantics.md)
@@ -39,6 +41,8 @@ class SamplingConfig:
             return f"top_k={cfg.top_k} must be >= 0 (0 disables it)."
         if not 0 <= cfg.min_p < 1:
             return f"min_p={cfg.min_p} must be in [0, 1) (0 disables it)."
+        if any(not isinstance(x, str) or not x for x in cfg.stop):
+            return f"stop={list(cfg.stop)!r}: give non-empty strings, e.g. stop=['\\n']."
         if cfg.logprobs not in LOGPROBS:
             return f"logprobs={cfg.logprobs!r}: use one of {', '.join(LOGPROBS)}."
         return None

@@ -62,6 +62,17 @@ def _stop(proc: subprocess.Popen, conn: Any, tmp: str) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _shared_memory_folder(size: int) -> str | None:
+    """``/dev/shm`` when it is writable and has room for ``size`` bytes (containers often give it
+    64 MiB), else None: the system's temporary folder."""
+    import shutil
+
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > size * 1.1 + 2**20:
+        return shm
+    return None
+
+
 class VLLMRollout:
     """A vLLM engine in its own process, holding its own copy of the policy (weights pushed)."""
 
@@ -178,7 +189,7 @@ class VLLMRollout:
     def default_params(self, n: int) -> SamplingParams:
         c = self.config
         return SamplingParams(n=n, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
-                              top_k=c.top_k, min_p=c.min_p, logprob_kind=c.logprobs)
+                              top_k=c.top_k, min_p=c.min_p, stop=list(c.stop), logprob_kind=c.logprobs)
 
     def submit(self, prompts: Sequence[str], params: SamplingParams, *, immediate: bool = False) -> Any:
         """Send one batch's generation and return at once: a ticket for :meth:`collect`."""
@@ -196,6 +207,8 @@ class VLLMRollout:
             sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
                         "min_p": params.min_p}
         sampling["max_tokens"] = params.max_new_tokens
+        if getattr(params, "stop", None):  # vLLM keeps the token completing a stop string in token_ids
+            sampling["stop"] = list(params.stop)
         rid = self._send("generate", prompts=prompt_ids, n=params.n, sampling=sampling, seeds=seeds)
         return {"id": rid, "prompts": prompts, "prompt_ids": prompt_ids, "first_group": first, "n": params.n,
                 "logprobs": bool(params.logprobs)}
@@ -258,7 +271,7 @@ class VLLMRollout:
                 t = t.clone()
             seen.add(t.data_ptr())
             tensors[name] = t
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        folder = _shared_memory_folder(sum(t.numel() * t.element_size() for t in tensors.values()))
         fd, path = tempfile.mkstemp(prefix="unirl-vllm-push-", suffix=".safetensors", dir=folder)
         os.close(fd)
         try:

@@ -279,10 +279,25 @@ def check_masks(kit: RolloutKit, *, max_new_tokens: int = 16, samples: int = 128
     if not same:
         bad.append(f"greedy response lengths differ from hf_generate's: {mine.response_mask.sum(-1).tolist()} vs "
                    f"{theirs.response_mask.sum(-1).tolist()}")
+    # a stop string: the text of a printable greedy token of the first prompt (from the third on); both
+    # engines must end every row at the token completing it (or at EOS, or the length), and agree
+    row0 = theirs.input_ids[0, theirs.prompt_len:].tolist()
+    texts = [(t, kit.tokenizer.decode(row0[t:t + 1], skip_special_tokens=True)) for t in range(2, len(row0))]
+    at, stop = next(((t, x) for t, x in texts if x.strip() and x.isprintable() and "\ufffd" not in x), (None, ""))
+    stops = 0
+    if at is not None:
+        greedy.stop = [stop]
+        cut_mine, cut_theirs = engine.generate(PROMPTS, greedy), reference.generate(PROMPTS, greedy)
+        lengths = [cut.response_mask[:, cut.prompt_len:].sum(-1).tolist() for cut in (cut_mine, cut_theirs)]
+        stops = 1
+        if lengths[0] != lengths[1] or lengths[1][0] > at + 1:
+            bad.append(f"with stop={[stop]!r} greedy response lengths are {lengths[0]} (engine) vs {lengths[1]} "
+                       f"(hf_generate; the first must be at most {at + 1})")
     if eos_rows == 0:
         bad.append("no sampled response contained EOS, so the EOS rule was not exercised")
     return CheckResult("masks", LEVEL, "failed" if bad else "passed", knobs, max_abs=float(len(bad)),
-                       tolerance=f"{len(sampled)} sampled rows ({eos_rows} with EOS) and greedy rows follow the rule",
+                       tolerance=f"{len(sampled)} sampled rows ({eos_rows} with EOS) and greedy rows follow the rule"
+                                 f"{' (also with a stop string)' if stops else ''}",
                        reason="; ".join(bad[:4]))
 
 
