@@ -233,3 +233,28 @@ def test_bench_compares_the_engines_generation_side_by_side(tmp_path):
     assert rows["hf_generate"]["push_bytes"] == 0 and rows["vllm"]["push_bytes"] > 4e5  # shared vs pushed
     assert all(r["tokens_per_s"]["median"] > 0 and r["logprob_diff_max"] < 1e-4 for r in rows.values())
     assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("engine", ["hf_generate", pytest.param("vllm", marks=needs_vllm)])
+def test_processed_logprobs_are_the_filtered_renormalised_distribution(engine):
+    """rollout.logprobs=processed returns log q(y) with q = softmax(z / T) after top-k then top-p,
+    renormalised (semantics.md), on both engines; raw returns log softmax(z)(y)."""
+    from unirl.testing.rollout_level import RolloutKit, _hf, filtered_probs, pushed_weights
+
+    kit = RolloutKit(engine, {"logprobs": "processed"})
+    try:
+        weights = pushed_weights(kit.model, seed=2, scale=0.3)
+        kit.engine.load_weights(weights)
+        params = kit.engine.default_params(64)
+        params.max_new_tokens, params.temperature, params.top_k, params.top_p, params.logprobs = 1, 0.7, 40, 0.9, True
+        batch = kit.engine.generate(["3+4="], params)
+    finally:
+        kit.close()
+    with torch.no_grad():
+        logits = _hf(kit.model, weights)(kit.tokenizer(["3+4="], return_tensors="pt").input_ids).logits[0, -1]
+    q = filtered_probs(logits, 0.7, 40, 0.9)
+    tokens = batch.input_ids[:, batch.prompt_len]
+    got = batch.rollout_logprobs[:, batch.prompt_len - 1]
+    assert torch.allclose(got.double(), q[tokens].log(), atol=1e-4), (got[:4], q[tokens][:4].log())
+    raw = torch.log_softmax(logits.double(), -1)[tokens]
+    assert float((got.double() - raw).abs().max()) > 0.05  # processed is not raw

@@ -259,11 +259,26 @@ class VLLMRollout:
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Push the policy (``rollout.weight_transport``): one safetensors file on shared memory, or
         CUDA IPC handles of GPU tensors; the worker loads either in place."""
+        start = time.perf_counter()
+        size = float(sum(t.numel() * t.element_size() for t in weights.values()))
         if self.config.weight_transport == "cuda_ipc":
-            return self._push_cuda_ipc(weights)
+            answer = self._push_cuda_ipc(weights)
+        else:
+            answer = self._push_file(weights)
+        self._pushes.append({"seconds": time.perf_counter() - start, "bytes": size,
+                             "engine_s": float(answer["seconds"])})
+
+    def _push(self, **payload: Any) -> dict[str, Any]:
+        """One push request; the worker must answer holding the new policy version."""
+        self._version += 1
+        answer = self._call("load_weights", version=self._version, verify=self.config.verify_push, **payload)
+        if answer["version"] != self._version:
+            raise RunError(f"the vLLM worker holds policy version {answer['version']} after push {self._version}")
+        return answer
+
+    def _push_file(self, weights: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         from safetensors.torch import save_file
 
-        start = time.perf_counter()
         tensors, seen = {}, set()
         for name, t in weights.items():
             t = t.detach().to("cpu").contiguous()
@@ -276,34 +291,19 @@ class VLLMRollout:
         os.close(fd)
         try:
             save_file(tensors, path)
-            size = os.path.getsize(path)
-            self._version += 1
-            answer = self._call("load_weights", path=path, version=self._version, verify=self.config.verify_push)
-            if answer["version"] != self._version:
-                raise RunError(f"the vLLM worker holds policy version {answer['version']} after push {self._version}")
+            return self._push(path=path)
         finally:
             if os.path.exists(path):  # the worker removes it once read; not when it failed first
                 os.unlink(path)
-        self._pushes.append({"seconds": time.perf_counter() - start, "bytes": float(size),
-                             "engine_s": float(answer["seconds"])})
 
-    def _push_cuda_ipc(self, weights: Mapping[str, torch.Tensor]) -> None:
+    def _push_cuda_ipc(self, weights: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         """The GPU transport: IPC handles of CUDA tensors travel, not the bytes (the trainer's process
         holds the tensors until the worker has copied them). Checked at recipe load: CUDA only;
         ``scripts/gpu/vllm.sh`` runs the rollout level with it."""
         from torch.multiprocessing.reductions import reduce_tensor
 
-        start = time.perf_counter()
         tensors = {name: t.detach().to("cuda").contiguous() for name, t in weights.items()}
-        handles = {name: reduce_tensor(t) for name, t in tensors.items()}
-        self._version += 1
-        answer = self._call("load_weights", handles=handles, version=self._version, verify=self.config.verify_push)
-        if answer["version"] != self._version:
-            raise RunError(f"the vLLM worker holds policy version {answer['version']} after push {self._version}")
-        del tensors
-        self._pushes.append({"seconds": time.perf_counter() - start,
-                             "bytes": float(sum(t.numel() * t.element_size() for t in weights.values())),
-                             "engine_s": float(answer["seconds"])})
+        return self._push(handles={name: reduce_tensor(t) for name, t in tensors.items()})
 
     def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """The engine's log-prob of each token given the ones before it (conformance checks)."""
