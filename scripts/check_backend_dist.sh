@@ -24,7 +24,7 @@ pip_install() {  # this machine's pip config lists index folders that may be abs
 pip_install torch==2.13.0  # the CPU build, first: nothing below may pull a CUDA one
 # copies, so that building them writes nothing into the checkout
 mkdir "$work/src"
-tar -C "$root" --exclude=./.venv --exclude=./.git --exclude=./runs --exclude='*.egg-info' --exclude=./build -cf - . \
+tar -C "$root" --exclude=./.venv --exclude=./.venv-vllm --exclude=./.git --exclude=./runs --exclude='*.egg-info' --exclude=./build -cf - . \
   | tar -C "$work/src" -xf -
 DS_BUILD_OPS=0 pip_install "$work/src" "$work/src/backends/unirl-$name" pytest==9.2.0 hypothesis==6.170.17
 "$work/venv/bin/python" -m pip list --disable-pip-version-check 2>/dev/null \

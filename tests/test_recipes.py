@@ -96,5 +96,6 @@ def test_real_size_recipe_loads_reads_its_data_format_and_scores(recipe, tmp_pat
 
 def test_every_shipped_recipe_is_covered():
     shipped = {p.stem for p in (ROOT / "configs").glob("*.yaml")}
-    # grpo_tiny: tests/test_demo.py; gsm8k_tiny_grpo: tests/test_dataset_task.py
-    assert shipped == {c[0] for c in CASES} | {"grpo_tiny", "gsm8k_tiny_grpo"} | set(REAL_SIZE)
+    # grpo_tiny: tests/test_demo.py; gsm8k_tiny_grpo: tests/test_dataset_task.py; grpo_tiny_vllm:
+    # tests/test_vllm_rollout.py
+    assert shipped == {c[0] for c in CASES} | {"grpo_tiny", "gsm8k_tiny_grpo", "grpo_tiny_vllm"} | set(REAL_SIZE)
