@@ -258,3 +258,15 @@ def test_processed_logprobs_are_the_filtered_renormalised_distribution(engine):
     assert torch.allclose(got.double(), q[tokens].log(), atol=1e-4), (got[:4], q[tokens][:4].log())
     raw = torch.log_softmax(logits.double(), -1)[tokens]
     assert float((got.double() - raw).abs().max()) > 0.05  # processed is not raw
+
+
+def test_an_engine_swap_keeps_the_sampling_knobs(tmp_path):
+    """rollout.name=OTHER keeps the recipe's sampling knobs (one meaning on every engine; the bench's
+    --rollouts entries depend on it) and drops nothing else the new engine would not know."""
+    from unirl.config import load_recipe
+
+    swapped = load_recipe(str(VLLM_DEMO), ["rollout.max_new_tokens=128", "rollout.top_p=0.9", "rollout.stop=['x']",
+                                          "rollout.name=hf_generate", f"run.dir={tmp_path / 'r'}"])
+    assert (swapped.rollout.name, swapped.rollout.max_new_tokens, swapped.rollout.top_p, list(swapped.rollout.stop)) \
+        == ("hf_generate", 128, 0.9, ["x"])
+    assert "verify_push" not in swapped.rollout  # vllm's own option went with it

@@ -154,6 +154,16 @@ def _check_list_indices(cfg: Any, key: str, value: Any) -> None:
         walked.append(part)
 
 
+def _kept_keys(section: str) -> tuple[str, ...]:
+    """The keys of a component section an engine swap keeps: the run's (the driver's) and, for a
+    rollout, the sampling knobs every engine shares (an engine without one refuses it by name)."""
+    if section == "rollout":
+        from unirl.config.sections import SAMPLING_KEYS
+
+        return (*_driver_keys(section), *SAMPLING_KEYS)
+    return _driver_keys(section)
+
+
 def _driver_keys(section: str) -> tuple[str, ...]:
     """The keys of a component section that are the run's (the driver's), not the plugin's."""
     if section == "reward":
@@ -171,14 +181,15 @@ def _swap_component(cfg: Any, key: str, value: Any) -> None:
     """An override that names another plugin for a component section (``task.name=dataset`` or
     ``task={name: dataset, ...}``) starts that section afresh, as a Hydra config-group swap does:
     the options the recipe gave the previous plugin are its own and are dropped (the driver's keys,
-    such as ``reward.isolation``, stay)."""
+    such as ``reward.isolation``, and a rollout's sampling knobs, such as ``rollout.max_new_tokens``,
+    stay)."""
     section, _, leaf = key.partition(".")
     if section not in COMPONENT_SECTIONS or leaf not in ("", "name"):
         return
     new = value.get("name") if leaf == "" and isinstance(value, dict) else value if leaf == "name" else None
     if not isinstance(new, str) or new == cfg[section].get("name"):
         return
-    kept = {k: v for k, v in OmegaConf.to_container(cfg[section]).items() if k in _driver_keys(section)}
+    kept = {k: v for k, v in OmegaConf.to_container(cfg[section]).items() if k in _kept_keys(section)}
     cfg[section] = {"name": new, **kept}
 
 

@@ -76,6 +76,9 @@ class RolloutPolicy:
 
 
 ROLLOUT_POLICY_KEYS = tuple(f.name for f in fields(RolloutPolicy))
+#: the sampling knobs with one meaning on every engine (``unirl.rollouts.options.SamplingConfig``):
+#: an override that swaps the engine (``rollout.name=vllm``) keeps them, as it keeps the driver's keys
+SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "logprobs")
 
 
 def split_rollout_policy(options: dict[str, Any]) -> tuple[RolloutPolicy, dict[str, Any]]:
