@@ -44,9 +44,9 @@ class HFGenerateRollout:
         self._next_group = 0
 
     def default_params(self, n: int) -> SamplingParams:
-        c = self.config
-        return SamplingParams(n=n, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
-                              top_k=c.top_k, min_p=c.min_p, stop=list(c.stop), logprob_kind=c.logprobs)
+        from unirl.rollouts.options import sampling_params
+
+        return sampling_params(self.config, n)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:

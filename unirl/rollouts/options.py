@@ -48,6 +48,15 @@ class SamplingConfig:
         return None
 
 
+def sampling_params(config: Any, n: int) -> Any:
+    """The ``SamplingParams`` of an engine's ``rollout`` section (a :class:`SamplingConfig`), ``n`` per prompt."""
+    from unirl.protocols import SamplingParams
+
+    return SamplingParams(n=n, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                          top_p=config.top_p, top_k=config.top_k, min_p=config.min_p, stop=list(config.stop),
+                          logprob_kind=config.logprobs)
+
+
 @dataclass
 class HFGenerateConfig(SamplingConfig):
     pass

@@ -86,7 +86,7 @@ class VLLMRollout:
         self.seed = int(ctx.recipe.seed)
         self._next_group = 0
         self._version = 0  # weight pushes so far
-        self._pushes: list[dict[str, float]] = []
+        self._pushes: list[float] = []  # seconds of each weight push since the last row
         self._log = Path(ctx.run_dir) / LOG_NAME if ctx.run_dir else Path(tempfile.gettempdir()) / LOG_NAME
         self._next_id = 0
         self._answers: dict[int, dict[str, Any]] = {}
@@ -187,9 +187,9 @@ class VLLMRollout:
 
     # -- RolloutEngine ------------------------------------------------------------------
     def default_params(self, n: int) -> SamplingParams:
-        c = self.config
-        return SamplingParams(n=n, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
-                              top_k=c.top_k, min_p=c.min_p, stop=list(c.stop), logprob_kind=c.logprobs)
+        from unirl.rollouts.options import sampling_params
+
+        return sampling_params(self.config, n)
 
     def submit(self, prompts: Sequence[str], params: SamplingParams, *, immediate: bool = False) -> Any:
         """Send one batch's generation and return at once: a ticket for :meth:`collect`."""
@@ -260,13 +260,11 @@ class VLLMRollout:
         """Push the policy (``rollout.weight_transport``): one safetensors file on shared memory, or
         CUDA IPC handles of GPU tensors; the worker loads either in place."""
         start = time.perf_counter()
-        size = float(sum(t.numel() * t.element_size() for t in weights.values()))
         if self.config.weight_transport == "cuda_ipc":
-            answer = self._push_cuda_ipc(weights)
+            self._push_cuda_ipc(weights)
         else:
-            answer = self._push_file(weights)
-        self._pushes.append({"seconds": time.perf_counter() - start, "bytes": size,
-                             "engine_s": float(answer["seconds"])})
+            self._push_file(weights)
+        self._pushes.append(time.perf_counter() - start)
 
     def _push(self, **payload: Any) -> dict[str, Any]:
         """One push request; the worker must answer holding the new policy version."""
@@ -305,16 +303,12 @@ class VLLMRollout:
         tensors = {name: t.detach().to("cuda").contiguous() for name, t in weights.items()}
         return self._push(handles={name: reduce_tensor(t) for name, t in tensors.items()})
 
-    def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
-        """The engine's log-prob of each token given the ones before it (conformance checks)."""
-        return self._call("prompt_logprobs", sequences=[list(map(int, s)) for s in sequences])["logprobs"]
-
     def take_counts(self) -> dict[str, float]:
         """The step's row: the seconds of the weight pushes since the last row."""
         pushes, self._pushes = self._pushes, []
         if not pushes:
             return {}
-        return {M.TIME_ROLLOUT_PUSH: sum(p["seconds"] for p in pushes)}
+        return {M.TIME_ROLLOUT_PUSH: sum(pushes)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_group": self._next_group}

@@ -13,7 +13,7 @@ policy version set; a push that leaves the engine's outputs unchanged while the 
 from what it held is refused (``verify``).
 
 Requests (dicts with ``op``) and answers (dicts; ``error`` holds a traceback on failure):
-``init``, ``generate``, ``load_weights``, ``prompt_logprobs``, ``stop``.
+``init``, ``generate``, ``load_weights``, ``stop``.
 """
 
 from __future__ import annotations
@@ -103,9 +103,6 @@ class Worker:
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=s) for s in sequences],
                                  SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)
         return [[float(d[t].logprob) for t, d in zip(s[1:], o.prompt_logprobs[1:])] for s, o in zip(sequences, outs)]
-
-    def prompt_logprobs(self, sequences: list[list[int]]) -> dict[str, Any]:
-        return {"logprobs": self._prompt_logprobs(sequences)}
 
     def load_weights(self, version: int, verify: str, path: str | None = None,
                      handles: dict[str, Any] | None = None) -> dict[str, Any]:
