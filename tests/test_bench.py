@@ -111,8 +111,59 @@ def test_the_framework_free_baseline_runs_at_the_recipe_shapes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["sequences"] == 32 and data["steps"] == 2  # 4 prompts x group_size 8
-    assert set(data["tokens_per_s"]) == {"hf_generate", "kv_decode", "train", "loop", "sft"}  # sft: the warm-up
+    assert set(data["tokens_per_s"]) == {"hf_generate", "train", "loop", "sft"}  # sft: the warm-up
     assert all(v > 0 for v in data["tokens_per_s"].values())
+
+
+def test_the_simplest_loop_computes_native_s_update(tiny_model_dir, tmp_path):
+    """The baseline is correct, not only fast: on the same rollout, one SimpleLoop GRPO update and
+    one SFT step move the weights as native's run does (float tolerance: the same formulas,
+    other reduction orders)."""
+    import io
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from unirl.bench.baselines import PlainLoops
+    from unirl.engine.collate import sft_batch
+    from unirl.engine.driver import Driver
+    from unirl.engine.stages import rl_step
+
+    recipe = load_recipe("configs/grpo_tiny.yaml", [f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'r'}",
+                                                    "stages.1.batch_size=4", "algorithm.group_size=4",
+                                                    "trainer.micro_batch_size=8"])
+    parts = Driver(recipe, get_plugin_host(), Console(file=io.StringIO())).build(Path(recipe.run.dir))
+    simple = PlainLoops(recipe, str(tiny_model_dir), parts.reward).loop
+
+    def same_weights() -> float:
+        ours = dict(parts.trainer.policy.named_parameters())
+        return max(float((p.detach() - ours[n].detach()).abs().max()) for n, p in simple.model.named_parameters())
+
+    assert same_weights() == 0.0
+    examples = parts.task.sample(8)  # an SFT step on both sides
+    simple.set_lr(1e-2)
+    simple.sft_step([e.prompt for e in examples], [e.completion for e in examples])
+    parts.trainer.begin_stage("sft")
+    parts.trainer.supervised_step("sft", sft_batch(parts.trainer.tokenizer, examples), 1e-2)
+    assert same_weights() < 1e-5
+
+    parts.trainer.begin_stage("rl")  # a GRPO step of native's; the same sequences and rewards to SimpleLoop
+    seen = {}
+    update = parts.trainer.update
+
+    def spy(batch, plan):
+        seen["batch"] = batch
+        return update(batch, plan)
+
+    parts.trainer.update = spy
+    parts.reward = lambda prompts, completions, **_: [float(len(c) % 3) for c in completions]  # varied
+    simple.set_lr(1e-2)
+    for _ in range(3):  # after the first, AdamW's steps are not sign-like and the KL to the reference is not 0
+        rl_step(parts, recipe.stages[1], 1e-2)
+        batch = seen["batch"]
+        assert float(batch.advantages.abs().max()) > 0  # a step that moved the policy
+        simple.update(batch.input_ids, batch.attention_mask, batch.response_mask[:, 1:].float(), batch.rewards)
+        assert same_weights() < 1e-5
 
 
 def test_model_flops_match_torch_flop_counter_on_the_tiny_model(tiny_model_dir):
@@ -251,10 +302,15 @@ def test_the_in_process_a_b_pairs_every_measured_step(tiny_model_dir, tmp_path):
                                                     "stages.0.steps=4", "stages.1.steps=4", "stages.1.batch_size=4",
                                                     "algorithm.group_size=4", "trainer.micro_batch_size=8",
                                                     "run.threads=1"])
-    got = measure_ab(recipe, steps=4, warmup=1)
-    assert got["pairs"] == {"sft": 3, "generate": 3, "update": 3, "train": 3, "step": 3}
+    got = measure_ab(recipe, steps=3, warmup=1)
+    assert got["pairs"] == {"sft": 3, "sft_loop": 3, "generate": 3, "update": 3, "step": 3, "loop": 3}
     assert all(0 < r["low"] <= r["median"] <= r["high"] for r in got["ratios"].values())
-    assert set(got["ratios"]) == {"sft", "generate", "update", "train", "step", "run"}
+    assert set(got["ratios"]) == {"sft", "sft_loop", "generate", "update", "step", "loop", "run"}
+    # the whole loop is the run's own (rows written, a checkpoint at each stage's end) and costs more than its steps
+    rows = M.read_metrics(tmp_path / "ab" / "metrics.jsonl")
+    assert len(rows) == 8 and (tmp_path / "ab" / "checkpoints").is_dir()
+    assert got["loop_s"]["ours"] > sum(r[M.TIME_STEP] for r in rows if r["step"] > 1)
+    assert got["ratios"]["run"]["median"] == pytest.approx(got["loop_s"]["plain"] / got["loop_s"]["ours"])
     if "trl" in get_plugin_host().registry.names("backend"):
         trl = load_recipe("configs/grpo_tiny.yaml", [f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'trl'}",
                                                      "backend=trl"])

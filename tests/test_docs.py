@@ -70,3 +70,13 @@ def test_plugin_guide_public_api_table_imports():
         mod = importlib.import_module(module)
         for name in listed:
             assert name == "*" or hasattr(mod, name) or importlib.util.find_spec(f"{module}.{name}"), (module, name)
+
+
+def test_benchmarks_doc_shows_the_simplest_loop_verbatim():
+    """docs/benchmarks.md shows the bench's baseline as it is: the block equals the file's marked part."""
+    code = (ROOT / "unirl" / "bench" / "simple_loop.py").read_text()
+    begin, end = "# --- shown in docs/benchmarks.md from here\n", "# --- to here"
+    shown = code[code.index(begin) + len(begin):code.index(end)]
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    indented = "".join("  " + line if line.strip() else line for line in shown.splitlines(True))
+    assert "class SimpleLoop:" in shown and f"  ```python\n{indented}  ```" in doc

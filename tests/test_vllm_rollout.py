@@ -231,7 +231,10 @@ def test_bench_compares_the_engines_generation_side_by_side(tmp_path):
             if s["generation"]}
     assert set(rows) == {"hf_generate", "vllm"}
     assert rows["hf_generate"]["push_bytes"] == 0 and rows["vllm"]["push_bytes"] > 4e5  # shared vs pushed
-    assert all(r["tokens_per_s"]["median"] > 0 and r["logprob_diff_max"] < 1e-4 for r in rows.values())
+    assert all(r["tokens_per_s"]["median"] > 0 for r in rows.values())
+    # vLLM holds its own weights: the gap is scored every step; hf_generate samples with the trainer's
+    # own module (nothing pushed), so its rows skip the scoring forward the gap would cost
+    assert rows["vllm"]["logprob_diff_max"] < 1e-4 and rows["hf_generate"]["logprob_diff_max"] is None
     assert (tmp_path / "bench.png").stat().st_size > 0
 
 

@@ -128,7 +128,10 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 class MetricsWriter:
-    """Appends rows to ``metrics.jsonl``; each row is flushed and fsynced before returning."""
+    """Appends rows to ``metrics.jsonl``; each row is flushed (another process reading the file,
+    ``tail -f``, sees it, and it survives the process being killed). :meth:`sync` makes the rows
+    durable against a machine crash: the driver calls it before writing a checkpoint, which records
+    how many rows it covers (an fsync per row cost 0.4 ms a step)."""
 
     def __init__(self, path: str | Path, *, keep_lines: int | None = None) -> None:
         self.path = Path(path)
@@ -153,8 +156,12 @@ class MetricsWriter:
     def write(self, row: dict[str, Any]) -> None:
         self._fh.write(json.dumps(row, sort_keys=False) + "\n")
         self._fh.flush()
-        os.fsync(self._fh.fileno())
         self.lines += 1
 
+    def sync(self) -> None:
+        os.fsync(self._fh.fileno())
+
     def close(self) -> None:
+        if not self._fh.closed:
+            self.sync()
         self._fh.close()

@@ -1,96 +1,122 @@
-"""An engine-mode backend against the framework-free loops in one process, step by step.
+"""A whole engine-mode run against the simplest loop in one process, step by step.
 
 The cross-process ratios of ``unirl bench`` compare runs made seconds apart; on a shared machine
-their drift can exceed the differences being measured. Here the backend's steps (the same stage
-functions ``unirl run`` calls, on parts built as a run builds them) alternate with the plain
-loops' steps (:class:`unirl.bench.baselines.PlainLoops`, their own model copy and optimizer) on
-the same data: the task is seeded alike on both sides, so every step sees the same prompts.
-The order of the two flips every step. Each measured step gives one paired ratio of tokens/s
-(1.0: as fast as the hand-written code); the report is their median and range.
+their drift can exceed the differences being measured. Here the backend's run is ``unirl run``'s
+own loop (:meth:`unirl.engine.driver.Driver.run`: rows, progress, checkpoints, every hook), and
+after each of its steps the ``unirl_step_end`` hook runs one step of the simplest loop
+(:class:`unirl.bench.baselines.PlainLoops`, its own model copy and optimizer) on the same data:
+the task is seeded alike on both sides, so every step sees the same prompts. Each measured step
+gives one paired ratio of tokens/s per part (1.0: as fast as the simplest loop); the report is
+their median and range. ``loop`` is the whole loop: the time from the end of one hook call to
+the start of the next (everything ``unirl run`` does for a step, its phases, bookkeeping and
+checkpoints included) against the simple loop's whole step.
 
     python -m unirl.bench.ab RECIPE [k=v ...] --steps N --warmup W --json OUT
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import statistics
 import sys
-from pathlib import Path
+import time
 from typing import Any
 
+from unirl import hookimpl
 from unirl import metrics as M
 from unirl.config.derived import stage_lr
 
+#: part -> (our tokens, our seconds, plain tokens, plain seconds) per measured step
+Pairs = dict[str, list[tuple[float, float, float, float]]]
+
+
+class _Interleave:
+    """The plugin that runs one plain step after each of the run's steps and pairs their times."""
+
+    def __init__(self, recipe: Any, warmup: int) -> None:
+        from unirl.bench.baselines import plain_parts
+
+        self.recipe, self.warmup = recipe, warmup
+        self.loops, self.task, _, _ = plain_parts(recipe)
+        self.stages = {s.name: s for s in recipe.stages}
+        self.stage: str | None = None
+        self.since: float | None = None  # when the previous plain step ended: our loop's time starts there
+        self.pairs: Pairs = {}
+
+    def _pair(self, part: str, ours: tuple[float, float], plain: tuple[float, float]) -> None:
+        self.pairs.setdefault(part, []).append((*ours, *plain))
+
+    @hookimpl
+    def unirl_step_end(self, stage: str, step: int, metrics: dict[str, Any]) -> None:
+        entered = time.perf_counter()
+        ours_loop = entered - self.since if self.since is not None and stage == self.stage else None
+        st = self.stages[stage]
+        if stage != self.stage:  # the plain loop enters the stage as the run did
+            self.stage = stage
+            self.loops.set_lr(stage_lr(st, self.recipe.trainer))
+            if st.type == "rl":
+                self.loops.snapshot_reference()
+        examples = self.task.sample(st.batch_size)
+        plain = self.loops.sft(examples) if st.type == "sft" else self.loops.rl(examples)
+        self.since = time.perf_counter()
+        if step <= self.warmup or ours_loop is None:
+            return
+        row = metrics
+        if st.type == "sft":
+            self._pair("sft", (row[M.TOKENS_TRAINED], row[M.TIME_STEP]), (plain["sft_tokens"], plain["sft_s"]))
+            self._pair("sft_loop", (row[M.TOKENS_TRAINED], ours_loop), (plain["sft_tokens"], plain["sft_s"]))
+            return
+        update = sum(row.get(k, 0.0) for k in (M.TIME_REF, M.TIME_ADVANTAGES, M.TIME_TRAIN))
+        self._pair("generate", (row[M.TOKENS_GENERATED], row[M.TIME_GENERATE]),
+                   (plain["generated"], plain["generate_s"]))
+        self._pair("update", (row[M.TOKENS_TRAINED], update), (plain["trained"], plain["train_s"]))
+        self._pair("step", (row[M.TOKENS_GENERATED], row[M.TIME_STEP]), (plain["generated"], plain["loop_s"]))
+        self._pair("loop", (row[M.TOKENS_GENERATED], ours_loop), (plain["generated"], plain["loop_s"]))
+
+
+def summarise(pairs: Pairs) -> dict[str, Any]:
+    """Per part, the median and range of the paired ratios of tokens/s; ``run``: the seconds the
+    simplest loop takes for our tokens of every measured step (at each step's paired rate) over
+    our whole loop's seconds, with our own per-step overhead in ms (our seconds minus those)."""
+    ratios = {part: [(ot / os_) / (pt / ps) for ot, os_, pt, ps in got] for part, got in pairs.items()}
+    out: dict[str, Any] = {"pairs": {k: len(v) for k, v in ratios.items()},
+                           "ratios": {k: {"median": statistics.median(v), "low": min(v), "high": max(v)}
+                                      for k, v in ratios.items()}}
+    loop = pairs.get("sft_loop", []) + pairs.get("loop", [])  # both stages
+    if loop:
+        plain_s = sum(ot / (pt / ps) for ot, _, pt, ps in loop)
+        ours_s = sum(os_ for _, os_, _, _ in loop)
+        out["ratios"]["run"] = {"median": plain_s / ours_s, "low": plain_s / ours_s, "high": plain_s / ours_s}
+        out["overhead_ms_per_step"] = 1000 * (ours_s - plain_s) / len(loop)
+        out["loop_s"] = {"ours": ours_s, "plain": plain_s}
+    return out
+
 
 def measure_ab(recipe: Any, steps: int, warmup: int = 1) -> dict[str, Any]:
-    import torch
+    from omegaconf import read_write
     from rich.console import Console
 
-    from unirl.bench.baselines import plain_parts
     from unirl.engine.driver import Driver
-    from unirl.engine.stages import STEP_FUNCTIONS
     from unirl.plugin_manager import get_plugin_host
 
-    if recipe.run.threads:
-        torch.set_num_threads(recipe.run.threads)
-    torch.manual_seed(recipe.seed)
-    run_dir = Path(recipe.run.dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    driver = Driver(recipe, get_plugin_host(), Console(file=io.StringIO()))
-    parts = driver.build(run_dir)
+    host = get_plugin_host()
+    recipe = copy.deepcopy(recipe)
+    with read_write(recipe):  # a run of its own, every stage cut to the measured steps
+        recipe.run.overwrite = True
+        for stage in recipe.stages:
+            stage.steps = min(stage.steps, steps + warmup)
+    driver = Driver(recipe, host, Console(file=io.StringIO()))
     if driver.trainer_mode:
         raise SystemExit(f"backend {recipe.backend!r} runs its framework's own loop (trainer mode): no steps to "
                          f"alternate with")
-    loops, task, _, _ = plain_parts(recipe)
-    pairs: dict[str, list[tuple[float, float, float, float]]] = {}  # part -> (ours tok, ours s, plain tok, plain s)
-
-    def pair(part: str, ours: tuple[float, float], plain: tuple[float, float]) -> None:
-        pairs.setdefault(part, []).append((*ours, *plain))
-
+    plugin = _Interleave(recipe, warmup)
+    host.register_plugin(plugin, "unirl-bench-ab")
     try:
-        for stage in recipe.stages:
-            if stage.type not in ("sft", "rl"):
-                continue  # the plain loops write sft and GRPO steps only
-            lr = stage_lr(stage, recipe.trainer)
-            parts.trainer.begin_stage(stage.type)
-            loops.set_lr(lr)
-            if stage.type == "rl":
-                parts.trainer.sync_weights(parts.rollout)
-                loops.snapshot_reference()
-            for i in range(min(steps, stage.steps)):
-                got: dict[str, Any] = {}
-                for side in (("ours", "plain") if i % 2 == 0 else ("plain", "ours")):
-                    if side == "ours":
-                        got["ours"] = STEP_FUNCTIONS[stage.type](parts, stage, lr)
-                    else:
-                        examples = task.sample(stage.batch_size)
-                        got["plain"] = loops.sft(examples) if stage.type == "sft" else loops.rl(examples)
-                if i < warmup:
-                    continue
-                row, plain = got["ours"], got["plain"]
-                if stage.type == "sft":
-                    pair("sft", (row[M.TOKENS_TRAINED], row[M.TIME_STEP]), (plain["sft_tokens"], plain["sft_s"]))
-                    continue
-                update = sum(row.get(k, 0.0) for k in (M.TIME_REF, M.TIME_ADVANTAGES, M.TIME_TRAIN))
-                pair("train", (row[M.TOKENS_TRAINED], row[M.TIME_TRAIN]), (plain["trained"], plain["policy_s"]))
-                pair("generate", (row[M.TOKENS_GENERATED], row[M.TIME_GENERATE]),
-                     (plain["generated"], plain["generate_s"]))
-                pair("update", (row[M.TOKENS_TRAINED], update), (plain["trained"], plain["train_s"]))
-                pair("step", (row[M.TOKENS_GENERATED], row[M.TIME_STEP]), (plain["generated"], plain["loop_s"]))
+        driver.run()
     finally:
-        parts.trainer.close()
-    ratios = {part: [(ot / os_) / (pt / ps) for ot, os_, pt, ps in got] for part, got in pairs.items()}
-    # the whole run: the plain loops' seconds for our tokens (at each step's paired rate) over ours
-    whole = [p for part in ("sft", "step") for p in pairs.get(part, [])]
-    run = sum(ot / (pt / ps) for ot, _, pt, ps in whole) / sum(os_ for _, os_, _, _ in whole) if whole else None
-    out: dict[str, Any] = {"backend": recipe.backend, "steps": steps, "warmup": warmup,
-                           "pairs": {k: len(v) for k, v in ratios.items()},
-                           "ratios": {k: {"median": statistics.median(v), "low": min(v), "high": max(v)}
-                                      for k, v in ratios.items()}}
-    if run is not None:
-        out["ratios"]["run"] = {"median": run, "low": run, "high": run}
-    return out
+        host.unregister_plugin("unirl-bench-ab")
+    return {"backend": recipe.backend, "steps": steps, "warmup": warmup, **summarise(plugin.pairs)}
 
 
 def main(argv: list[str] | None = None) -> int:

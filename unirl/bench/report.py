@@ -123,16 +123,20 @@ def ratio_lines(result: BenchResult) -> list[str]:
 
 
 def ab_lines(result: BenchResult) -> list[str]:
-    """The in-process, step-by-step ratios (the robust ones on a noisy machine)."""
+    """The in-process, step-by-step comparison with the simplest loop (the robust one on a noisy
+    machine); its last columns are the headline overhead: our whole loop's time over the simplest
+    loop's for the same tokens, and our own cost per step in ms."""
     if not result.ab:
         return []
-    keys = ("generate", "update", "train", "step", "sft", "run")
-    lines = ["", "In one process, step by step (unirl.bench.ab): the backend's steps alternating with the plain "
-             "loops' on the same prompts; median [min-max] of the paired per-step ratios of tokens/s (run: all "
-             "measured steps together).", "",
-             "| backend | generate / model.generate | score+train / plain update | train / plain policy step "
-             "| rl step / plain loop | sft step / plain sft | whole run / plain loops | pairs |",
-             "|---|---|---|---|---|---|---|---|"]
+    keys = ("generate", "update", "step", "loop", "sft", "sft_loop")
+    lines = ["", "In one process, step by step (unirl.bench.ab): after each step of `unirl run`'s own loop, one step "
+             "of the simplest loop (unirl/bench/simple_loop.py) on the same prompts; median [min-max] of the paired "
+             "per-step ratios of tokens/s (1.00x: as fast). Whole loop: everything the run does between two steps "
+             "(bookkeeping, rows, checkpoints) included.", "",
+             "| backend | generate / model.generate | score+train / simple update | rl step / simple step "
+             "| rl loop / simple | sft step / simple sft | sft loop / simple | whole-loop time / simple | overhead ms/step "
+             "| pairs |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for backend, got in result.ab.items():
         r = got["ratios"]
 
@@ -140,9 +144,13 @@ def ab_lines(result: BenchResult) -> list[str]:
             if key not in r:
                 return "-"
             v = r[key]
-            return f"{v['median']:.2f}x" if key == "run" else f"{v['median']:.2f}x [{v['low']:.2f}-{v['high']:.2f}]"
+            return f"{v['median']:.2f}x [{v['low']:.2f}-{v['high']:.2f}]"
 
-        lines.append(f"| {backend} | {' | '.join(cell(k) for k in keys)} | {max(got['pairs'].values())} |")
+        loop = got.get("loop_s")
+        time_ratio = f"{loop['ours'] / loop['plain']:.3f}x" if loop else "-"
+        overhead = f"{got['overhead_ms_per_step']:.1f}" if "overhead_ms_per_step" in got else "-"
+        lines.append(f"| {backend} | {' | '.join(cell(k) for k in keys)} | {time_ratio} | {overhead} "
+                     f"| {max(got['pairs'].values())} |")
     return lines
 
 

@@ -26,6 +26,8 @@ class MemoryBuffer:
     def take(self, n_sequences: int | None = None) -> RolloutBatch:
         if not self._batches:
             raise RunError("buffer is empty: nothing to train on")
+        if n_sequences is None and len(self._batches) == 1:  # all of one batch: nothing to merge or split
+            return self._batches.pop()
         merged = RolloutBatch.concat(self._batches, self.pad_id)
         n = len(merged) if n_sequences is None else n_sequences
         if n > len(merged):

@@ -55,6 +55,8 @@ class Components:
     #: set by a step function right before it calls the trainer to change weights: a step that fails
     #: before that point left the trainer as the previous step did (the driver checkpoints it)
     trainer_touched: bool = False
+    #: what ``score`` is asked for (:func:`score_request`), drawn from the recipe once
+    request: ScoreRequest | None = None
 
 
 def _timed_row(row: dict[str, float], tokens: float, timer: PhaseTimer, trainer: Any) -> dict[str, float]:
@@ -166,7 +168,9 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
                        f"algorithm.mini_batches={algo.mini_batches} x parallel.dp={c.recipe.parallel.dp} does not "
                        f"divide; change the buffer's options (e.g. its fraction) or stages.batch_size.")
     mask = batch.response_mask[:, 1:].float()
-    request = score_request(c.recipe)
+    if c.request is None:
+        c.request = score_request(c.recipe)
+    request = c.request
     # the trainer's log-probs of the sampled tokens, to report the train-inference mismatch: asked for
     # even when the update does not use them (it is then given none, as before)
     mismatch = batch.rollout_logprobs is not None

@@ -71,6 +71,16 @@ def as_batch_fn(fn: Callable[..., Any], data_source: str = "unirl") -> Callable[
     return batch_fn
 
 
+class _Example:
+    """``prompt '...', completion '...'`` of row ``i``, formatted when a message is (not for every reward)."""
+
+    def __init__(self, prompts: Sequence[str], completions: Sequence[str], i: int) -> None:
+        self.prompts, self.completions, self.i = prompts, completions, i
+
+    def __format__(self, spec: str) -> str:
+        return f"prompt {self.prompts[self.i]!r}, completion {self.completions[self.i]!r}"
+
+
 class WorkerFailed(Exception):
     """A call of the isolated reward failed: ``kind`` is raised, timeout, memory or crashed."""
 
@@ -156,7 +166,7 @@ class CheckedReward:
     def _check(self, prompts: Sequence[str], completions: Sequence[str], values: list[Any]) -> list[float]:
         out = []
         for i, v in enumerate(values):
-            example = f"prompt {prompts[i]!r}, completion {completions[i]!r}"
+            example = _Example(prompts, completions, i)  # formatted only into an error message
             problem = None
             if v is None or isinstance(v, bool) or not (isinstance(v, (int, float)) or hasattr(v, "__float__")):
                 problem = ("not_a_number", f"reward function {self.name} returned {v!r} ({type(v).__name__}) for "
