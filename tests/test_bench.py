@@ -10,7 +10,7 @@ import statistics
 import pytest
 from rich.console import Console
 
-from tests.conftest import read_rows, run_cli
+from tests.conftest import ROOT, read_rows, run_cli
 from unirl import metrics as M
 from unirl.bench.fit import growth_exponent
 from unirl.config import load_recipe
@@ -340,3 +340,28 @@ def test_variants_are_labelled_entries_with_staleness_columns(capsys):
     assert "is not KEY=VALUE with KEY a dotted recipe key" in " ".join(capsys.readouterr().err.split())
     assert main(["bench", "configs/grpo_tiny.yaml", "--variants", "rollout.max_staleness=-1"]) == 2
     assert "max_staleness=-1 must be >= 0" in " ".join(capsys.readouterr().err.split())
+
+
+def test_phase_attribution_names_the_deepest_framework_frame():
+    """unirl.bench.attribution: a py-spy sample belongs to its rl phase (the call rl_step made) and to
+    the deepest framework frame in it, else the backend's, else unirl's, with file and line."""
+    from unirl.bench.attribution import attribute, owner, table
+
+    sp = "/v/lib/python3.11/site-packages"
+    step = f"rl_step ({ROOT}/unirl/engine/stages.py:180)"
+    score = f"VerlTrainer.score ({ROOT}/backends/unirl-verl/unirl_backends/verl/trainer.py:110)"
+    infer = f"BaseEngine.infer_batch ({sp}/verl/workers/engine/base.py:90)"
+    v2 = f"logprobs_from_logits_v2 ({sp}/verl/utils/torch_functional.py:197)"
+    lin = f"Linear.forward ({sp}/torch/nn/modules/linear.py:125)"
+    update = f"NativeTrainer.update ({ROOT}/unirl/engine/reference_trainer.py:124)"
+    raw = "\n".join([f"main (x.py:1);{step};{score};{infer};{v2};{lin} 30",
+                     f"main (x.py:1);{step};{score};{infer};{lin} 10",
+                     f"main (x.py:1);{step};{update};{lin} 20",
+                     f"main (x.py:1);sft_step ({ROOT}/unirl/engine/stages.py:80);{lin} 99"])
+    assert owner([score, infer, v2, lin]) == "logprobs_from_logits_v2 (verl/utils/torch_functional.py:197)"
+    assert owner([update, lin]) == "NativeTrainer.update (unirl/engine/reference_trainer.py:124)"
+    got = attribute(raw, rate=100)  # 10 ms a sample
+    assert got["score"] == {"logprobs_from_logits_v2 (verl/utils/torch_functional.py:197)": 300.0,
+                            "BaseEngine.infer_batch (verl/workers/engine/base.py:90)": 100.0}
+    assert got["train"] == {"NativeTrainer.update (unirl/engine/reference_trainer.py:124)": 200.0}
+    assert "sft" not in got and "| score | 200.0 |" in "\n".join(table(got, steps=2, top=5))

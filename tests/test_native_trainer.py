@@ -128,3 +128,49 @@ def test_on_policy_step_matches_explicit_old_logprobs(tiny_model_dir):
     implicit_grads = _capture(trainer, _one_step(trainer, batch))
     batch.old_logprobs = explicit
     _assert_same(implicit_grads, _capture(trainer, _one_step(trainer, batch)))
+
+
+def test_the_train_inference_gap_comes_from_the_update_s_forward_when_the_trainer_reports_it(tiny_model_dir, tmp_path):
+    """A batch trained once with rollout log-probs: native (``reports_logprob_diff``) measures the gap
+    in its update, so ``score`` is asked for no behaviour log-probs (one forward fewer); a trainer
+    that does not report it gets them scored; one that claims to and returns nothing fails, named."""
+    import io
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from unirl import metrics as M
+    from unirl.engine.driver import Driver
+    from unirl.engine.pipeline import GenerationQueue
+    from unirl.engine.stages import rl_step
+    from unirl.plugin_manager import get_plugin_host
+
+    recipe = load_recipe(DEMO, [f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'r'}", "stages.1.batch_size=4",
+                                "algorithm.group_size=4", "trainer.micro_batch_size=8"])
+    parts = Driver(recipe, get_plugin_host(), Console(file=io.StringIO())).build(Path(recipe.run.dir))
+    assert parts.rollout.shares_trainer_policy and not parts.queue.want_logprobs  # same module: no gap to report
+    parts.queue = GenerationQueue(parts.rollout, 0, want_logprobs=True)  # as for an engine with its own weights
+    trainer, asked = parts.trainer, []
+    score = trainer.score
+    trainer.score = lambda batch, request: (asked.append(request.old_logprobs), score(batch, request))[1]
+    generate = parts.rollout.generate
+
+    def shifted(prompts, params):  # the engine's log-probs 0.5 above the trainer's on every response token
+        batch = generate(prompts, params)
+        batch.rollout_logprobs = batch.rollout_logprobs + 0.5 * batch.response_mask[:, 1:]
+        return batch
+
+    parts.rollout.generate = shifted
+    trainer.begin_stage("rl")
+    rows = []
+    for reports in (True, False):
+        trainer.reports_logprob_diff = reports
+        rows.append(rl_step(parts, recipe.stages[1], 1e-3))
+    assert asked == [False, True]
+    for row in rows:  # the same quantity either way: the shift, plus the shared module's numerics (< 1e-4)
+        assert abs(row[M.ROLLOUT_LOGPROB_DIFF_MAX] - 0.5) < 1e-4 and abs(row[M.ROLLOUT_LOGPROB_DIFF_MEAN] - 0.5) < 1e-4
+    trainer.reports_logprob_diff = True
+    update = trainer.update
+    trainer.update = lambda batch, plan: {k: v for k, v in update(batch, plan).items() if not k.startswith("rollout/")}
+    with pytest.raises(RuntimeError, match="declares reports_logprob_diff"):
+        rl_step(parts, recipe.stages[1], 1e-3)

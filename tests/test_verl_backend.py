@@ -207,6 +207,11 @@ def test_two_gloo_ranks_train_the_same_curve_as_one(tiny_model_dir, tmp_path):
     print(f"dp=2 vs dp=1 over {len(rows[1])} steps: worst relative difference {worst:.2e}")
     rl = rows[2][-1]
     assert {"loss/total", "loss/policy", "grad/norm", "clip/frac", "kl/mean", "entropy/mean", "reward/mean"} <= set(rl)
+    # the rollout keeps a copy of the policy: the train-inference gap is measured in verl's update forward
+    # (on_policy_ppo_loss; no behaviour log-prob forward before it), on every rank's share
+    for dp in (1, 2):
+        gaps = [(r["rollout/logprob_diff_mean"], r["rollout/logprob_diff_max"]) for r in rows[dp] if r["stage_type"] == "rl"]
+        assert gaps and all(0 <= mean <= top < 1e-4 for mean, top in gaps), gaps
 
 
 def test_a_failing_rank_stops_every_rank_and_names_itself(tmp_path):

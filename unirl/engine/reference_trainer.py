@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from unirl import metrics as M
 from unirl.algorithms.aggregation import step_normaliser
 from unirl.algorithms.objectives import (
     dpo_objective,
@@ -38,6 +39,10 @@ from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, U
 
 class ReferenceTrainer:
     """An :class:`unirl.protocols.EngineTrainer` in this process, computing unirl's reference losses."""
+
+    #: the update of a batch trained once reports the train-inference gap from its own forward
+    #: (``rollout/logprob_diff_*``), so the driver scores no behaviour log-probs for it
+    reports_logprob_diff = True
 
     def __init__(self, ctx: BuildContext) -> None:
         self.recipe = ctx.recipe
@@ -219,12 +224,21 @@ class ReferenceTrainer:
         normaliser = step_normaliser(mask, self.recipe.algorithm.loss_agg, norm_length=loss_norm_length(self.recipe))
         n_tokens = float(mask.sum().clamp(min=1))
         sums: dict[str, float] = {}
+        # trained once, on-policy: the train-inference gap of the sampled tokens, from this forward
+        gap = batch.old_logprobs is None and batch.rollout_logprobs is not None
         for sl in self.models.micro_batches(len(batch)):
             logits = self.forward("policy", batch.input_ids[sl], batch.attention_mask[sl])
             loss, stats = self._policy_loss(logits, batch, sl, mask, normaliser, n_tokens)
             self.backward("policy", loss)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
+            if gap:
+                with torch.no_grad():
+                    diff = (batch.rollout_logprobs[sl].float() - token_logprobs(logits.detach(), batch.input_ids[sl])
+                            ).abs() * mask[sl]
+                mean, top = M.ROLLOUT_LOGPROB_DIFF_MEAN, M.ROLLOUT_LOGPROB_DIFF_MAX
+                sums[mean] = sums.get(mean, 0.0) + float(diff.sum()) / n_tokens
+                sums[top] = max(sums.get(top, 0.0), float(diff.max()))
         sums.update({"grad/norm": self._finish_step("policy", lr), "lr": lr, "tokens/trained": n_tokens})
         return sums
 

@@ -171,17 +171,20 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
     if c.request is None:
         c.request = score_request(c.recipe)
     request = c.request
-    # the trainer's log-probs of the sampled tokens, to report the train-inference mismatch: asked for
-    # even when the update does not use them (it is then given none, as before)
+    # the train-inference mismatch (rollout/logprob_diff_*) of the batch's sampled tokens: from the
+    # behaviour log-probs when the update needs them anyway; else from the update's own forward when the
+    # trainer says it reports it (``reports_logprob_diff``); else scored for it (one more forward)
     mismatch = batch.rollout_logprobs is not None
+    reported = mismatch and not request.old_logprobs and bool(getattr(trainer, "reports_logprob_diff", False))
+    scored = mismatch and not reported
     with timer("score"):
-        scores = trainer.score(batch, replace(request, old_logprobs=True) if mismatch else request)
+        scores = trainer.score(batch, replace(request, old_logprobs=True) if scored else request)
     for name in ("old_logprobs", "ref_logprobs", "values"):
-        if (getattr(request, name) or (mismatch and name == "old_logprobs")) and getattr(scores, name) is None:
+        if (getattr(request, name) or (scored and name == "old_logprobs")) and getattr(scores, name) is None:
             raise RuntimeError(f"{type(trainer).__name__}.score() was asked for {name} and returned None")
-    batch.old_logprobs = scores.old_logprobs
+    batch.old_logprobs = scores.old_logprobs if (request.old_logprobs or not reported) else None
     batch.ref_logprobs, batch.values = scores.ref_logprobs, scores.values
-    mismatch_row = logprob_mismatch(batch.rollout_logprobs, scores.old_logprobs, mask) if mismatch else {}
+    mismatch_row = logprob_mismatch(batch.rollout_logprobs, scores.old_logprobs, mask) if scored else {}
     kl = None
     with timer("advantages"):
         if algo.kl_reward_coef > 0:
@@ -198,6 +201,9 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
         c.trainer_touched = True
         row = trainer.update(batch, plan_update(algo, len(batch), lr))
     row["lr"] = lr
+    if reported and M.ROLLOUT_LOGPROB_DIFF_MAX not in row:
+        raise RuntimeError(f"{type(trainer).__name__} declares reports_logprob_diff but its update() returned no "
+                           f"{M.ROLLOUT_LOGPROB_DIFF_MAX} for a batch with rollout log-probs and no old_logprobs")
     row.update(mismatch_row)
     with timer("weight_sync"):
         row.update(trainer.sync_weights(c.rollout))

@@ -52,20 +52,22 @@ def worker_config(recipe: Any, model_path: str, *, lr: float) -> Any:
     )
 
 
-def _nested(rows: list[torch.Tensor]) -> torch.Tensor:
-    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+def _spans(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attended tokens of each row, which must be one contiguous block: the row-major mask of
+    them and the jagged offsets (``[0, n_0, n_0 + n_1, ...]``)."""
+    attended = attention_mask.bool()
+    starts = attended[:, :1].long() + (attended[:, 1:] & ~attended[:, :-1]).sum(1, keepdim=True)
+    broken = (starts.squeeze(1) > 1).nonzero().flatten()
+    if len(broken):
+        raise ValueError(f"row {int(broken[0])}: attended tokens are not contiguous; verl packs each sequence as one "
+                         f"block")
+    offsets = torch.zeros(len(attended) + 1, dtype=torch.long)
+    offsets[1:] = attended.sum(1).cumsum(0)
+    return attended, offsets
 
 
-def _spans(attention_mask: torch.Tensor) -> list[tuple[int, int]]:
-    """``(start, end)`` of each row's attended tokens, which must be one contiguous block."""
-    spans = []
-    for i, row in enumerate(attention_mask):
-        idx = row.nonzero().flatten()
-        start, end = int(idx[0]), int(idx[-1]) + 1
-        if end - start != len(idx):
-            raise ValueError(f"row {i}: attended tokens are not contiguous; verl packs each sequence as one block")
-        spans.append((start, end))
-    return spans
+def _jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return torch.nested.nested_tensor_from_jagged(values, offsets=offsets)
 
 
 def micro_batch(n: int, limit: int) -> int:
@@ -88,6 +90,30 @@ def _metric(value: Any) -> float:
     if isinstance(value, (list, tuple)):
         return _metric(value[0]) if value else float("nan")
     return float(value)
+
+
+def on_policy_ppo_loss(config: Any, model_output: Any, data: Any, dp_group: Any = None) -> Any:
+    """verl's ``ppo_loss`` for the single update of a batch just generated (``ppo_epochs x
+    mini_batches == 1``, no KL in the reward, no TIS): the behaviour log-probs are the current
+    policy's, so they are taken from this very forward (detached: ratio 1, as native's update does)
+    instead of a separate forward before the update, which verl's own trainer runs
+    (``verl/trainer/ppo/ray_trainer.py``, ``compute_log_prob`` before ``update_actor``). With the
+    rollout engine's log-probs in the batch, also reports the train-inference gap of this forward
+    (the rows' ``rollout/logprob_diff_*``: the same quantity the driver otherwise scores)."""
+    from verl.utils.metric import AggregationType, Metric
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    current = no_padding_2_padding(model_output["log_probs"], data).detach().float()
+    data["old_log_probs"] = current
+    loss, metrics = ppo_loss(config, model_output, data, dp_group)
+    if "unirl_rollout_log_probs" in data:
+        mask = data["response_mask"].to(current.dtype)
+        diff = (data["unirl_rollout_log_probs"].float() - current).abs() * mask
+        metrics["unirl/logprob_diff_sum"] = Metric(value=float(diff.sum()), aggregation=AggregationType.SUM)
+        metrics["unirl/logprob_diff_max"] = Metric(value=float(diff.max()) if diff.numel() else 0.0,
+                                                   aggregation=AggregationType.MAX)
+    return loss, metrics
 
 
 class PolicyRank:
@@ -189,18 +215,16 @@ class PolicyRank:
         default (``arange`` over the padded row), loss mask on the target tokens."""
         from verl.utils import tensordict_utils as tu
 
-        ids, pos, mask = [], [], []
-        for i, (s, e) in enumerate(_spans(attention_mask)):
-            ids.append(input_ids[i, s:e])
-            pos.append(torch.arange(s, e))
-            m = loss_mask[i, s:e].clone()
-            m[0] = 0  # the first token is never a target (verl rolls the mask by one)
-            mask.append(m)
-        return tu.get_tensordict(tensor_dict={"input_ids": _nested(ids), "position_ids": _nested(pos),
-                                              "loss_mask": _nested(mask)},
+        attended, offsets = _spans(attention_mask)
+        positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        mask = loss_mask[attended].clone()
+        mask[offsets[:-1]] = 0  # the first token is never a target (verl rolls the mask by one)
+        return tu.get_tensordict(tensor_dict={"input_ids": _jagged(input_ids[attended], offsets),
+                                              "position_ids": _jagged(positions[attended], offsets),
+                                              "loss_mask": _jagged(mask, offsets)},
                                  non_tensor_dict={"pad_mode": "no_padding", "temperature": 1.0,
                                                   "pad_token_id": self.pad_token_id,
-                                                  "micro_batch_size_per_gpu": self._micro(len(ids))})
+                                                  "micro_batch_size_per_gpu": self._micro(len(input_ids))})
 
     def _micro(self, n: int) -> int:
         return micro_batch(n, self.recipe.trainer.micro_batch_size)
@@ -219,6 +243,8 @@ class PolicyRank:
                               ("ref_logprobs", "ref_log_prob")):
             if shard.get(key) is not None:
                 tensors[verl_key] = shard[key][:, grid].float()
+        if shard.get("old_logprobs") is None and shard.get("rollout_logprobs") is not None:  # the gap, measured
+            tensors["unirl_rollout_log_probs"] = shard["rollout_logprobs"][:, grid].float()  # in the update's forward
         cap = self.recipe.algorithm.tis_cap
         if cap is not None and shard.get("rollout_logprobs") is not None:  # ppo_loss weighs each token's loss
             tensors["rollout_is_weights"] = rollout_is_weights(tensors["old_log_probs"],
@@ -250,11 +276,12 @@ class PolicyRank:
     def policy_step(self, shard: dict[str, Any], lr: float, global_batch_size: int) -> dict[str, float]:
         from verl.workers.utils.losses import ppo_loss
 
-        return self._train(self._ppo_batch(shard, global_batch_size), partial(ppo_loss, self.actor), lr)
+        loss = ppo_loss if shard.get("old_logprobs") is not None else on_policy_ppo_loss
+        return self._train(self._ppo_batch(shard, global_batch_size), partial(loss, self.actor), lr)
 
     def score(self, shard: dict[str, Any], old_logprobs: bool, ref_logprobs: bool) -> dict[str, torch.Tensor | None]:
         """Everything an rl step needs before its update, in one call: behaviour log-probs of the
-        current policy (verl's trainer recomputes them on-policy) and reference log-probs."""
+        current policy (when the update reuses the batch) and reference log-probs."""
         return {"old_logprobs": self.logprobs(shard, "policy") if old_logprobs else None,
                 "ref_logprobs": self.logprobs(shard, "reference") if ref_logprobs else None}
 
@@ -275,9 +302,12 @@ class PolicyRank:
         data = self._packed(ids, attn, attn)
         tu.assign_non_tensor(data, compute_loss=False, calculate_entropy=False)
         out = getattr(self, which).infer_batch(data)
+        attended, offsets = _spans(attn)
+        values = out["log_probs"].values().float()
+        keep = torch.ones(len(values), dtype=torch.bool)
+        keep[offsets[1:] - 1] = False  # each row's last slot scores the next sequence: dropped
         result = torch.zeros(ids.shape[0], ids.shape[1] - 1)
-        for i, ((s, e), row) in enumerate(zip(_spans(attn), out["log_probs"].unbind())):
-            result[i, s:e - 1] = row[: e - s - 1].float()  # the last slot scores the next sequence: dropped
+        result[attended[:, 1:] & attended[:, :-1]] = values[keep]  # slot j scores token j + 1 of the row
         return result
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from unirl import metrics as M
 from unirl.batch import RolloutBatch, SFTBatch
 from unirl.config.derived import stage_needs
 from unirl.engine.update import mini_batch, require_update_fields
@@ -91,24 +92,32 @@ class VerlTrainer:
         return {"loss/lm": m["loss"], "grad/norm": m["grad_norm"], "lr": lr,
                 "tokens/trained": float(batch.loss_mask[:, 1:].sum())}
 
+    #: the update of a batch trained once (no behaviour log-probs asked of ``score``) reports the
+    #: train-inference gap from its own forward (:func:`unirl_backends.verl.policy_rank.on_policy_ppo_loss`)
+    reports_logprob_diff = True
+
     def score(self, batch: RolloutBatch, request: ScoreRequest) -> Scores:
-        """Old log-probs always (verl's trainer recomputes the behaviour log-probs on-policy
-        before its update), reference log-probs when asked; one call to the ranks."""
+        """Old log-probs when asked (the update reuses the batch; otherwise they are taken from the
+        update's own forward), reference log-probs when asked; one call to the ranks."""
         if request.values:
             raise ConfigError("advantage=gae is declared unsupported on backend 'verl'", key="algorithm.advantage",
                               value="gae")
-        parts = self.ranks.counted_call("score", self._split(batch, ("input_ids", "attention_mask")), old_logprobs=True,
-                                ref_logprobs=request.ref_logprobs and self.has_reference)
-        ref = torch.cat([p["ref_logprobs"] for p in parts]) if parts[0]["ref_logprobs"] is not None else None
-        return Scores(old_logprobs=torch.cat([p["old_logprobs"] for p in parts]), ref_logprobs=ref)
+        parts = self.ranks.counted_call("score", self._split(batch, ("input_ids", "attention_mask")),
+                                        old_logprobs=request.old_logprobs,
+                                        ref_logprobs=request.ref_logprobs and self.has_reference)
+
+        def joined(key: str) -> torch.Tensor | None:
+            return torch.cat([p[key] for p in parts]) if parts[0][key] is not None else None
+
+        return Scores(old_logprobs=joined("old_logprobs"), ref_logprobs=joined("ref_logprobs"))
 
     def update(self, batch: RolloutBatch, plan: UpdatePlan) -> dict[str, float]:
         """Every optimizer step of verl's ``ppo_loss`` in one call to the ranks: each rank gets its
         share of every mini-batch of the plan."""
         require_update_fields(batch, plan)
-        if batch.old_logprobs is None:
-            raise ValueError("update() needs batch.old_logprobs: verl trains against the behaviour log-probs that "
-                             "score() returns")
+        if batch.old_logprobs is None and plan.optimizer_steps > 1:
+            raise ValueError("update() needs batch.old_logprobs when the batch is trained on more than once "
+                             f"({plan.optimizer_steps} optimizer steps): score() returns them when asked")
         fields = ("input_ids", "attention_mask", "response_mask", "old_logprobs", "advantages", "ref_logprobs",
                   "rollout_logprobs")
         per_rank: list[list[dict[str, Any]]] = [[] for _ in range(self.ranks.world)]
@@ -128,6 +137,9 @@ class VerlTrainer:
                "tokens/trained": tokens / plan.optimizer_steps,
                "loss/policy": m.get("actor/pg_loss", float("nan")), "clip/frac": m.get("actor/pg_clipfrac", 0.0),
                "entropy/mean": m.get("actor/entropy_loss", float("nan"))}
+        if "unirl/logprob_diff_sum" in m:  # measured in the update's forward (the batch trained once)
+            row[M.ROLLOUT_LOGPROB_DIFF_MEAN] = m["unirl/logprob_diff_sum"] * self.ranks.world / max(tokens, 1.0)
+            row[M.ROLLOUT_LOGPROB_DIFF_MAX] = m["unirl/logprob_diff_max"]
         if "kl_loss" in m:
             row["loss/kl"] = row["kl/mean"] = m["kl_loss"]
         for key in ("actor/ppo_kl", "actor/pg_clipfrac_lower"):
