@@ -22,19 +22,23 @@ from typing import Any
 
 import torch
 
+from unirl.metrics import ROLLOUT_LOGPROB_DIFF_MAX
 from unirl.models.loading import load_tokenizer
 from unirl.models.weights import WeightSync
 from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
 
 #: Row values that are the same on every rank (the rest are each rank's share, added over ranks).
 STEP_CONSTANTS = frozenset({"grad/norm", "critic/grad_norm", "lr", "tokens/trained"})
+#: Row values that are each rank's maximum (the step's is the largest).
+STEP_MAXIMA = frozenset({ROLLOUT_LOGPROB_DIFF_MAX})
 
 
 def merge_rows(rows: list[dict[str, float] | None]) -> dict[str, float]:
     """One row from the reporting ranks' (None: a rank that does not report, e.g. a pipeline stage
-    without the loss): shares added, step constants from the first."""
+    without the loss): shares added, maxima the largest, step constants from the first."""
     rows = [r for r in rows if r is not None]
-    return {k: v if k in STEP_CONSTANTS else sum(r[k] for r in rows) for k, v in rows[0].items()}
+    return {k: v if k in STEP_CONSTANTS else max(r[k] for r in rows) if k in STEP_MAXIMA else sum(r[k] for r in rows)
+            for k, v in rows[0].items()}
 
 
 class RankedTrainer:
@@ -43,7 +47,10 @@ class RankedTrainer:
     ``world`` counts every rank: data x tensor x pipeline parallel)."""
 
     def __init__(self, ctx: BuildContext, factory: Callable[[dict[str, Any], str], Any], *, world: int,
-                 name: str) -> None:
+                 name: str, reports_logprob_diff: bool = False) -> None:
+        """``reports_logprob_diff``: the ranks' update measures the train-inference gap of a batch
+        trained once (:class:`unirl.engine.reference_trainer.ReferenceTrainer`'s does), so the
+        driver scores no behaviour log-probs for it."""
         from omegaconf import OmegaConf
 
         from unirl.distributed.ranks import start_ranks
@@ -53,6 +60,7 @@ class RankedTrainer:
         self.ranks = start_ranks(factory, OmegaConf.to_container(self.recipe, resolve=True), self.model_path,
                                  world=world, name=name, collectives=bool(self.recipe.profile.collectives))
         self.weights = WeightSync()
+        self.reports_logprob_diff = reports_logprob_diff
 
     def begin_stage(self, stage_type: str) -> None:
         self.ranks.call("begin_stage", stage_type=stage_type)

@@ -163,4 +163,4 @@ class NativeDataParallelTrainer(RankedTrainer):
     """The driver's side: :class:`NativeRank` on ``parallel.dp`` rank processes."""
 
     def __init__(self, ctx: BuildContext) -> None:
-        super().__init__(ctx, make_native_rank, world=ctx.recipe.parallel.dp, name="native")
+        super().__init__(ctx, make_native_rank, world=ctx.recipe.parallel.dp, name="native", reports_logprob_diff=True)

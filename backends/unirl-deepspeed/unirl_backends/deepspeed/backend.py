@@ -21,7 +21,8 @@ class DeepSpeedBackend:
         from unirl.engine.ranked import RankedTrainer
         from unirl_backends.deepspeed.rank import make_rank
 
-        return RankedTrainer(ctx, make_rank, world=ctx.recipe.parallel.dp, name="deepspeed")
+        # its ranks' update is ReferenceTrainer's: it measures the train-inference gap itself
+        return RankedTrainer(ctx, make_rank, world=ctx.recipe.parallel.dp, name="deepspeed", reports_logprob_diff=True)
 
     def math(self) -> Any:
         """Advantages and the reward KL: unirl's reference functions (DeepSpeed has no RL math)."""
