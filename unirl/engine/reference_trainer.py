@@ -37,6 +37,16 @@ from unirl.models.loading import load_tokenizer
 from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
 
 
+@torch.no_grad()
+def logprob_gap(batch: RolloutBatch, sl: slice, logits: torch.Tensor, mask: torch.Tensor,
+                n_tokens: float) -> dict[str, float]:
+    """Micro-batch ``sl``'s part of the train-inference gap, from the update's own ``logits``
+    (before the optimizer step): its share of ``rollout/logprob_diff_mean`` (summed over the
+    step's micro-batches, ``n_tokens`` its response tokens) and its ``rollout/logprob_diff_max``."""
+    diff = (batch.rollout_logprobs[sl].float() - token_logprobs(logits.detach(), batch.input_ids[sl])).abs() * mask[sl]
+    return {M.ROLLOUT_LOGPROB_DIFF_MEAN: float(diff.sum()) / n_tokens, M.ROLLOUT_LOGPROB_DIFF_MAX: float(diff.max())}
+
+
 class ReferenceTrainer:
     """An :class:`unirl.protocols.EngineTrainer` in this process, computing unirl's reference losses."""
 
@@ -233,12 +243,9 @@ class ReferenceTrainer:
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
             if gap:
-                with torch.no_grad():
-                    diff = (batch.rollout_logprobs[sl].float() - token_logprobs(logits.detach(), batch.input_ids[sl])
-                            ).abs() * mask[sl]
-                mean, top = M.ROLLOUT_LOGPROB_DIFF_MEAN, M.ROLLOUT_LOGPROB_DIFF_MAX
-                sums[mean] = sums.get(mean, 0.0) + float(diff.sum()) / n_tokens
-                sums[top] = max(sums.get(top, 0.0), float(diff.max()))
+                for key, value in logprob_gap(batch, sl, logits, mask, n_tokens).items():
+                    sums[key] = max(sums.get(key, 0.0), value) if key == M.ROLLOUT_LOGPROB_DIFF_MAX else \
+                        sums.get(key, 0.0) + value
         sums.update({"grad/norm": self._finish_step("policy", lr), "lr": lr, "tokens/trained": n_tokens})
         return sums
 

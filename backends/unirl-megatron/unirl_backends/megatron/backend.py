@@ -29,7 +29,8 @@ class MegatronTrainer(RankedTrainer):
         from unirl_backends.megatron.rank import make_megatron_rank
 
         p = ctx.recipe.parallel
-        super().__init__(ctx, make_megatron_rank, world=p.tp * p.pp * p.dp, name="megatron")
+        # its ranks' policy step measures the train-inference gap in its loss function (MegatronRank)
+        super().__init__(ctx, make_megatron_rank, world=p.tp * p.pp * p.dp, name="megatron", reports_logprob_diff=True)
         self._scorers: set[str] = set()  # the scorers the ranks hold (their heads were drawn)
 
     def begin_stage(self, stage_type: str) -> None:

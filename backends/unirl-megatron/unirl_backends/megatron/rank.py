@@ -29,7 +29,8 @@ from unirl.algorithms.aggregation import step_normaliser
 from unirl.algorithms.objectives import dpo_objective, reward_model_objective, sft_objective, value_objective
 from unirl.algorithms.policy_loss import sft_token_loss, token_logprobs
 from unirl.config.derived import loss_norm_length
-from unirl.engine.reference_trainer import ReferenceTrainer
+from unirl.engine.ranked import STEP_MAXIMA
+from unirl.engine.reference_trainer import ReferenceTrainer, logprob_gap
 from unirl.errors import ConfigError
 from unirl.models.loading import load_tokenizer
 from unirl.protocols import ScoreRequest, Scores
@@ -146,7 +147,7 @@ class MegatronRank(ReferenceTrainer):
         sums: dict[str, float] = {}
         for stats in kept:
             for key, v in stats.items():
-                sums[key] = sums.get(key, 0.0) + float(v)
+                sums[key] = max(sums.get(key, 0.0), float(v)) if key in STEP_MAXIMA else sums.get(key, 0.0) + float(v)
         return {**sums, **extra}
 
     # ------------------------------------------------------------------ steps (the reference's objectives)
@@ -247,9 +248,14 @@ class MegatronRank(ReferenceTrainer):
         n_tokens = float(mask.sum().clamp(min=1))
         parts = self.models.micro_batches(len(batch))
 
+        gap = batch.old_logprobs is None and batch.rollout_logprobs is not None  # trained once: measure it here
+
         def loss_fn(logits: torch.Tensor, k: int) -> Any:
             loss, stats = self._policy_loss(logits, batch, parts[k], mask, normaliser, n_tokens)
-            return loss, {key: float(v) for key, v in stats.items()}
+            out = {key: float(v) for key, v in stats.items()}
+            if gap:
+                out.update(logprob_gap(batch, parts[k], logits, mask, n_tokens))
+            return loss, out
 
         kept = self._schedule("policy", batch.input_ids, batch.attention_mask, parts, loss_fn, forward_only=False)
         return self._row(kept, {"grad/norm": self._finish_step("policy", lr), "lr": lr, "tokens/trained": n_tokens})
