@@ -311,6 +311,13 @@ def test_the_in_process_a_b_pairs_every_measured_step(tiny_model_dir, tmp_path):
     assert len(rows) == 8 and (tmp_path / "ab" / "checkpoints").is_dir()
     assert got["loop_s"]["ours"] > sum(r[M.TIME_STEP] for r in rows if r["step"] > 1)
     assert got["ratios"]["run"]["median"] == pytest.approx(got["loop_s"]["plain"] / got["loop_s"]["ours"])
+    # a run folder that is not the A/B's own is never replaced (the README's command on the demo's defaults)
+    demo = load_recipe("configs/grpo_tiny.yaml", [f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'demo'}"])
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "run.json").write_text("{}")
+    with pytest.raises(SystemExit, match="holds a run of its own"):
+        measure_ab(demo, steps=2)
+    assert (tmp_path / "demo" / "run.json").read_text() == "{}"
     if "trl" in get_plugin_host().registry.names("backend"):
         trl = load_recipe("configs/grpo_tiny.yaml", [f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'trl'}",
                                                      "backend=trl"])

@@ -27,7 +27,7 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "unirl.components": ("build_component", "build_backend", "worker_context"),
     "unirl.rewards": ("build_reward", "score_fn_from_recipe"),
     "unirl.checkpoint": ("torch_rng_state", "set_torch_rng_state"),
-    "unirl.engine.reference_trainer": ("ReferenceTrainer",),
+    "unirl.engine.reference_trainer": ("ReferenceTrainer", "logprob_gap"),
     "unirl.engine.ranked": ("RankedTrainer",),
     "unirl.engine.deepspeed": ("DS_DTYPE", "Stepper", "adamw"),
     "unirl.engine.update": ("run_mini_batches", "mini_batch", "require_update_fields"),

@@ -21,12 +21,15 @@ import io
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from unirl import hookimpl
 from unirl import metrics as M
 from unirl.config.derived import stage_lr
 
+#: the file that marks a run folder as the A/B's own (so a later A/B may replace the run in it)
+AB_MARK = "unirl-bench-ab.txt"
 #: part -> (our tokens, our seconds, plain tokens, plain seconds) per measured step
 Pairs = dict[str, list[tuple[float, float, float, float]]]
 
@@ -101,6 +104,10 @@ def measure_ab(recipe: Any, steps: int, warmup: int = 1) -> dict[str, Any]:
     from unirl.plugin_manager import get_plugin_host
 
     host = get_plugin_host()
+    run_dir = Path(recipe.run.dir)
+    if (run_dir / "run.json").exists() and not (run_dir / AB_MARK).exists():
+        raise SystemExit(f"run.dir={str(run_dir)!r} holds a run of its own (run.json); the A/B writes its run there "
+                         f"and would replace it: pass run.dir=ANOTHER_FOLDER")
     recipe = copy.deepcopy(recipe)
     with read_write(recipe):  # a run of its own, every stage cut to the measured steps
         recipe.run.overwrite = True
@@ -116,6 +123,8 @@ def measure_ab(recipe: Any, steps: int, warmup: int = 1) -> dict[str, Any]:
         driver.run()
     finally:
         host.unregister_plugin("unirl-bench-ab")
+        if run_dir.is_dir():
+            (run_dir / AB_MARK).write_text("a run of unirl.bench.ab: the next A/B with this run.dir replaces it\n")
     return {"backend": recipe.backend, "steps": steps, "warmup": warmup, **summarise(plugin.pairs)}
 
 

@@ -83,8 +83,10 @@ def profile(recipe: str, overrides: list[str], rate: int) -> str:
     py_spy = Path(sys.executable).with_name("py-spy")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "raw.txt"
+        # the run goes to a folder of its own unless run.dir is given (a run already there is refused, as always)
+        own = [] if any(o.startswith("run.dir=") for o in overrides) else [f"run.dir={tmp}/run"]
         cmd = [str(py_spy), "record", "--rate", str(rate), "--format", "raw", "--full-filenames", "--subprocesses",
-               "-o", str(out), "--", sys.executable, "-m", "unirl", "run", recipe, *overrides, "run.overwrite=true"]
+               "-o", str(out), "--", sys.executable, "-m", "unirl", "run", recipe, *own, *overrides]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 or not out.exists():
             raise SystemExit(f"py-spy failed ({proc.returncode}): {(proc.stderr or proc.stdout)[-1500:]}")

@@ -52,25 +52,31 @@ def plot_bench(result: Any, path: str | Path) -> None:
 
 
 def plot_sweep(result: Any, path: str | Path) -> None:
-    """Per axis, the whole step's median seconds against the size on log-log axes, one line
-    per backend and stage, labelled with its growth exponent."""
-    axes_names = list(result.axes)
-    fig = _figure(5.5 * len(axes_names), 4)
-    axes = fig.subplots(1, len(axes_names), squeeze=False)[0]
-    for ax, axis in zip(axes, axes_names):
-        for f in (f for f in result.fits if f.axis == axis and f.phase == "step"):
-            k = f"k={f.exponent:.2f}" if f.exponent is not None else "k=-"
-            ax.plot(f.sizes, [s * 1e3 for s in f.seconds], marker="o", label=f"{f.backend} {f.stage_type} ({k})")
-        from matplotlib.ticker import NullFormatter, ScalarFormatter
+    """Per stage type (a row) and axis (a column), the whole step's median ms against the size on
+    log-log axes, one line per backend (the same colour in every panel), labelled with its growth
+    exponent."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xticks(result.axes[axis], [f"{x:g}" for x in result.axes[axis]])
-        for which in (ax.xaxis, ax.yaxis):
-            which.set_minor_formatter(NullFormatter())
-        ax.yaxis.set_major_formatter(ScalarFormatter())
-        ax.set_xlabel(axis)
-        ax.set_ylabel("step ms (median)")
-        ax.legend(fontsize=7)
+    axes_names = list(result.axes)
+    stage_types = sorted({f.stage_type for f in result.fits}, key=lambda t: (t != "rl", t))
+    backends = list(dict.fromkeys(f.backend for f in result.fits))
+    colours = {b: f"C{i % 10}" for i, b in enumerate(backends)}
+    fig = _figure(5.5 * len(axes_names), 3.6 * len(stage_types))
+    grid = fig.subplots(len(stage_types), len(axes_names), squeeze=False)
+    for row, stage_type in zip(grid, stage_types):
+        for ax, axis in zip(row, axes_names):
+            for f in (f for f in result.fits if f.axis == axis and f.phase == "step" and f.stage_type == stage_type):
+                k = f"k={f.exponent:.2f}" if f.exponent is not None else "k=-"
+                ax.plot(f.sizes, [s * 1e3 for s in f.seconds], marker="o", color=colours[f.backend],
+                        label=f"{f.backend} ({k})")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xticks(result.axes[axis], [f"{x:g}" for x in result.axes[axis]])
+            for which in (ax.xaxis, ax.yaxis):
+                which.set_minor_formatter(NullFormatter())
+            ax.yaxis.set_major_formatter(ScalarFormatter())
+            ax.set_xlabel(axis)
+            ax.set_ylabel(f"{stage_type} step ms (median)")
+            ax.legend(fontsize=7)
     fig.suptitle(f"unirl bench --sweep {result.recipe}", fontsize=10)
     fig.savefig(path, dpi=120)

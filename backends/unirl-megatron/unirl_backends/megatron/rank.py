@@ -29,9 +29,9 @@ from unirl.algorithms.aggregation import step_normaliser
 from unirl.algorithms.objectives import dpo_objective, reward_model_objective, sft_objective, value_objective
 from unirl.algorithms.policy_loss import sft_token_loss, token_logprobs
 from unirl.config.derived import loss_norm_length
-from unirl.engine.ranked import STEP_MAXIMA
 from unirl.engine.reference_trainer import ReferenceTrainer, logprob_gap
 from unirl.errors import ConfigError
+from unirl.metrics import ROLLOUT_LOGPROB_DIFF_MAX
 from unirl.models.loading import load_tokenizer
 from unirl.protocols import ScoreRequest, Scores
 from unirl_backends.megatron.bridge import export_state, make_bridge
@@ -147,7 +147,8 @@ class MegatronRank(ReferenceTrainer):
         sums: dict[str, float] = {}
         for stats in kept:
             for key, v in stats.items():
-                sums[key] = max(sums.get(key, 0.0), float(v)) if key in STEP_MAXIMA else sums.get(key, 0.0) + float(v)
+                sums[key] = max(sums.get(key, 0.0), float(v)) if key == ROLLOUT_LOGPROB_DIFF_MAX else \
+                    sums.get(key, 0.0) + float(v)
         return {**sums, **extra}
 
     # ------------------------------------------------------------------ steps (the reference's objectives)
