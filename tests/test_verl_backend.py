@@ -306,3 +306,52 @@ def test_a_verl_run_leaves_the_drivers_environment_as_it_was(tiny_model_dir, tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == {"1": {"status": "completed", "changed": {}}, "2": {"status": "completed", "changed": {}}}
+
+
+_ON_POLICY_CHECK = r"""
+import io, sys
+from pathlib import Path
+import torch
+from rich.console import Console
+from unirl.config import load_recipe
+from unirl.engine.driver import Driver
+from unirl.engine.stages import rl_step
+from unirl.plugin_manager import get_plugin_host
+from unirl.protocols import ScoreRequest
+
+recipe = load_recipe(sys.argv[1], sys.argv[2:])
+parts = Driver(recipe, get_plugin_host(), Console(file=io.StringIO())).build(Path(recipe.run.dir))
+trainer, seen = parts.trainer, {}
+score, update = trainer.score, trainer.update
+trainer.score = lambda batch, request: (seen.setdefault("asked", request), score(batch, request))[1]
+trainer.update = lambda batch, plan: (seen.update(batch=batch, plan=plan), update(batch, plan))[1]
+parts.reward = lambda prompts, completions, **_: [float(len(c) % 3) for c in completions]  # varied: it moves
+trainer.begin_stage("rl")
+trainer.sync_weights(parts.rollout)
+rl_step(parts, recipe.stages[1], 1e-2)  # AdamW past its first, sign-like step: a scaled gradient would show
+saved = trainer.state_dict()
+row = rl_step(parts, recipe.stages[1], 1e-2)  # on-policy: old log-probs from the update's own forward
+assert not seen["asked"].old_logprobs and seen["batch"].old_logprobs is None
+fused = trainer._assembled_policy()
+trainer.load_state_dict(saved)  # the same update with the behaviour log-probs scored by a forward first
+batch = seen["batch"]
+batch.old_logprobs = score(batch, ScoreRequest(old_logprobs=True, ref_logprobs=False, values=False)).old_logprobs
+update(batch, seen["plan"])
+scored = trainer._assembled_policy()
+worst = max(float((fused[k] - scored[k]).abs().max() / scored[k].abs().max().clamp(min=1e-12)) for k in fused)
+moved = max(float((fused[k] - saved["models"]["policy"][k]).abs().max()) for k in fused)
+print(f"worst relative difference {worst:.2e}; largest weight change {moved:.2e}; gap {row['rollout/logprob_diff_max']:.2e}")
+assert moved > 1e-4 and worst < 1e-5 and 0 <= row["rollout/logprob_diff_max"] < 1e-4
+trainer.close()
+"""
+
+
+def test_the_on_policy_update_equals_verls_update_with_scored_old_logprobs(tiny_model_dir, tmp_path):
+    """A batch trained once skips the behaviour log-prob forward (on_policy_ppo_loss takes them from
+    the update's own forward): the weights after verl's update are those of verl's ppo_loss given
+    log-probs scored by a separate forward (to float rounding), and the row carries the gap."""
+    proc = subprocess.run([sys.executable, "-c", _ON_POLICY_CHECK, str(DEMO), "backend=verl", f"model.path={tiny_model_dir}",
+                           f"run.dir={tmp_path / 'r'}", "run.threads=1", *_DP],
+                          capture_output=True, text=True, timeout=600, env=child_env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    print(proc.stdout.strip().splitlines()[-1])
