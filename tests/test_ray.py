@@ -30,11 +30,14 @@ def ray_cluster():
 #: what only a run with Ray pools reports: bytes pushed to the workers (in process: none, shared) and
 #: what the pools' workers answered
 TRANSPORT = (M.WEIGHT_SYNC_BYTES, M.ROLLOUT_SEQUENCES, M.REWARD_SCORED)
+#: the train-inference gap: reported where the rollout keeps its own copy of the weights (a Ray actor),
+#: not where it samples with the trainer's module (in process)
+GAP = (M.ROLLOUT_LOGPROB_DIFF_MEAN, M.ROLLOUT_LOGPROB_DIFF_MAX)
 
 
 def _math_view(run_dir) -> list[dict]:
-    """Rows without timings and transport counts."""
-    return [{k: v for k, v in M.deterministic_view(r).items() if k not in TRANSPORT} for r in read_rows(run_dir)]
+    """Rows without timings, transport counts and the train-inference gap."""
+    return [{k: v for k, v in M.deterministic_view(r).items() if k not in TRANSPORT + GAP} for r in read_rows(run_dir)]
 
 
 def _weights(run_dir) -> dict[str, torch.Tensor]:
@@ -53,6 +56,9 @@ def test_one_ray_worker_gives_the_in_process_run(short_overrides, tmp_path, ray_
     assert all(torch.equal(a[k], b[k]) for k in a)
     rl = [r for r in read_rows(remote) if r["stage_type"] == "rl"]
     assert all(r[M.WEIGHT_SYNC_BYTES] > 0 for r in rl)  # the policy went to the actor after every update
+    # the actor samples with its own copy: each row reports the gap (measured in native's update), tiny
+    assert all(0 <= r[M.ROLLOUT_LOGPROB_DIFF_MEAN] <= r[M.ROLLOUT_LOGPROB_DIFF_MAX] < 1e-4 for r in rl)
+    assert not any(M.ROLLOUT_LOGPROB_DIFF_MAX in r for r in read_rows(local))  # the shared module: not scored
 
 
 #: two rollout workers and two reward workers (the reward served by Ray: reward.isolation=ray)
