@@ -71,16 +71,6 @@ def as_batch_fn(fn: Callable[..., Any], data_source: str = "unirl") -> Callable[
     return batch_fn
 
 
-class _Example:
-    """``prompt '...', completion '...'`` of row ``i``, formatted when a message is (not for every reward)."""
-
-    def __init__(self, prompts: Sequence[str], completions: Sequence[str], i: int) -> None:
-        self.prompts, self.completions, self.i = prompts, completions, i
-
-    def __format__(self, spec: str) -> str:
-        return f"prompt {self.prompts[self.i]!r}, completion {self.completions[self.i]!r}"
-
-
 class WorkerFailed(Exception):
     """A call of the isolated reward failed: ``kind`` is raised, timeout, memory or crashed."""
 
@@ -164,19 +154,21 @@ class CheckedReward:
         return values
 
     def _check(self, prompts: Sequence[str], completions: Sequence[str], values: list[Any]) -> list[float]:
+        def example(i: int) -> str:  # formatted only into an error message, not for every reward
+            return f"prompt {prompts[i]!r}, completion {completions[i]!r}"
+
         out = []
         for i, v in enumerate(values):
-            example = _Example(prompts, completions, i)  # formatted only into an error message
             problem = None
             if v is None or isinstance(v, bool) or not (isinstance(v, (int, float)) or hasattr(v, "__float__")):
                 problem = ("not_a_number", f"reward function {self.name} returned {v!r} ({type(v).__name__}) for "
-                                           f"{example}; it must return a float for every completion (0.0 for a "
+                                           f"{example(i)}; it must return a float for every completion (0.0 for a "
                                            f"wrong one), never None.")
             elif not math.isfinite(float(v)):
                 problem = ("nonfinite", f"reward function {self.name} returned a non-finite reward ({float(v)}) "
-                                        f"for {example}; rewards must be finite floats.")
+                                        f"for {example(i)}; rewards must be finite floats.")
             elif self.declared is not None and not self.declared[0] <= float(v) <= self.declared[1]:
-                problem = ("out_of_range", f"reward function {self.name} returned {float(v)} for {example}, "
+                problem = ("out_of_range", f"reward function {self.name} returned {float(v)} for {example(i)}, "
                                            f"outside the reward_range {tuple(self.declared)} it declares.")
             if problem is None:
                 out.append(float(v))
