@@ -14,7 +14,7 @@ def _hooks():
 def test_every_hook_is_documented_and_listed_in_architecture_doc():
     doc = (ROOT / "docs" / "architecture.md").read_text()
     hooks = _hooks()
-    assert len(hooks) == 9
+    assert len(hooks) == 10
     for name, fn in hooks.items():
         assert (inspect.getdoc(fn) or "").strip(), f"{name} has no docstring"
         assert f"`{name}`" in doc, f"{name} missing from docs/architecture.md"

@@ -273,3 +273,12 @@ def test_an_engine_swap_keeps_the_sampling_knobs(tmp_path):
     assert (swapped.rollout.name, swapped.rollout.max_new_tokens, swapped.rollout.top_p, list(swapped.rollout.stop)) \
         == ("hf_generate", 128, 0.9, ["x"])
     assert "verify_push" not in swapped.rollout  # vllm's own option went with it
+
+
+@needs_vllm
+def test_multi_turn_episodes_with_vllm_pass_the_drift_check(tmp_path):
+    """Acceptance (issue 32) 2: three-turn episodes sampled by vLLM (per-turn seeds, token ids in and out):
+    the trained ids are the engine's, observations are masked."""
+    from tests.test_agents import check_echo_episodes
+
+    check_echo_episodes(tmp_path, ["rollout.name=vllm", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1"])

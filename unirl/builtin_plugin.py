@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from unirl import hookimpl
 from unirl.buffers.options import MemoryBufferConfig, PrioritizedBufferConfig
+from unirl.environments.calculator import CalculatorConfig
+from unirl.environments.openenv import OpenEnvConfig
 from unirl.loggers.mlflow_logger import MlflowLoggerConfig
 from unirl.loggers.tensorboard_logger import TensorBoardLoggerConfig
 from unirl.loggers.wandb_logger import WandbLoggerConfig
@@ -46,6 +48,8 @@ def unirl_register_rewards(register):
              description="RLAIF: a generative model prompted with a rubric, the number in its answer / max_score")
     register("combined", "unirl.rewards.combined:CombinedReward", config_class=CombinedRewardConfig,
              description="weighted sum of rewards, each with its own options (reward.terms)")
+    register("episode_return", "unirl.rewards.episode:EpisodeReturnReward",
+             description="a multi-turn episode's return: the sum of its environment's turn rewards")
     register("function", "unirl.rewards:load_function_reward", config_class=FunctionRewardConfig,
              description="any TRL-style (prompts, completions, **kw) or verl-style compute_score function, "
                          "by import path or .py file")
@@ -80,3 +84,11 @@ def unirl_register_loggers(register):
              description="Weights & Biases; offline by default (no network), the run id kept for resume")
     register("mlflow", "unirl.loggers.mlflow_logger:MlflowLogger", config_class=MlflowLoggerConfig,
              description="MLflow; a local SQLite store in <run.dir>/mlflow.db by default, or any tracking_uri")
+
+
+@hookimpl
+def unirl_register_environments(register):
+    register("calculator", "unirl.environments.calculator:CalculatorEnvironment", config_class=CalculatorConfig,
+             description="integer arithmetic with a calc(EXPR) tool; the answer after the tool's result is scored")
+    register("openenv", "unirl.environments.openenv:OpenEnvEnvironment", config_class=OpenEnvConfig,
+             description="an OpenEnv Environment (or client) in process, unchanged: the model's text as its Action")

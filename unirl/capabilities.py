@@ -89,6 +89,7 @@ class Capabilities:
     a backend's run mode is :attr:`unirl.contract.BackendSpec.mode`.
     ``knobs``: canonical knob -> {value: Support}; ``stages.type`` lists the stage types.
     ``fixed``: recipe keys the framework hard-codes (:class:`Fixed`).
+    ``environments``: trainer mode runs multi-turn recipes (the framework's agent loop).
     ``parallel``: the largest size of each ``parallel.*`` dimension it runs (``dp``, ``tp``,
     ``pp``; None: any; undeclared: 1), and the values of each ``parallel.*`` option it runs
     (``zero_stage``, ``offload``: a tuple; undeclared: ``(0,)`` and ``("none",)``).
@@ -96,6 +97,9 @@ class Capabilities:
 
     mode: str | None = None
     knobs: Mapping[str, Mapping[Any, Support]] = field(default_factory=dict)
+    #: trainer mode: the stage runner maps ``environment.name`` onto the framework's own agent loop
+    #: (engine mode always runs environments: unirl's rollout plays the episodes)
+    environments: bool = False
     fixed: Mapping[str, Fixed] = field(default_factory=dict)
     parallel: Mapping[str, Any] = field(default_factory=lambda: {"dp": 1})
 

@@ -112,7 +112,8 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
     def progress(msg: str) -> None:
         console.print(msg, highlight=False, markup=False)
 
-    component = next(((k, getattr(args, k)) for k in ("reward", "task", "buffer") if getattr(args, k)), None)
+    component = next(((k, getattr(args, k)) for k in ("reward", "task", "buffer", "environment") if getattr(args, k)),
+                     None)
     if args.backends and not args.rollout:
         raise UsageError("--backends applies to --rollout (the backends whose log-probs the engine's are compared "
                          "with); a backend's own levels take --backend.")
@@ -145,8 +146,19 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
         kind, name = component
         host.registry.get(kind, name, key=f"--{kind}")  # unknown: exit 2 listing the installed ones
         subject = f"{kind} {name}"
-        results = run_component_checks(kind, name, _key_values(args.option, "--option"), host=host,
-                                       steps=args.steps, overrides=args.set, progress=progress)
+        if kind == "environment":
+            from unirl.config import load_recipe
+            from unirl.testing.episodes import run_environment_checks
+
+            options = _key_values(args.option, "--option")
+            load_recipe(None, [f"environment.name={name}", "reward.name=episode_return", *args.set,  # exit 2 now
+                               *(f"environment.{k}={json.dumps(v)}" for k, v in options.items()),
+                               "stages=[{name: s, type: rl, steps: 1}]"], host=host)
+            results = run_environment_checks(name, options, host=host, steps=args.steps, overrides=args.set,
+                                             progress=progress)
+        else:
+            results = run_component_checks(kind, name, _key_values(args.option, "--option"), host=host,
+                                           steps=args.steps, overrides=args.set, progress=progress)
     else:
         if args.option or args.steps != 4:
             raise UsageError("--option and --steps apply to --reward, --task and --buffer; a backend's L3 runs take "
@@ -216,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--reward", metavar="NAME", help="a reward: contract on the task's completions, then a run")
     what.add_argument("--task", metavar="NAME", help="a task: seeded sampling and exact data position, then a run")
     what.add_argument("--buffer", metavar="NAME", help="a buffer: rows kept intact through a checkpoint, then a run")
+    what.add_argument("--environment", metavar="NAME",
+                      help="a multi-turn environment: determinism, the drift and mask checks on episodes, then a run "
+                           "(docs/agents.md)")
     what.add_argument("--rollout", metavar="NAME",
                       help="a rollout engine: weight push, sampling, masks, and its log-probs against each "
                            "engine-mode backend's (docs/rollouts.md)")
@@ -223,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "(default: every installed engine-mode backend)")
     conf.add_argument("--level", default="L0..L3", help="a level (L1) or a range (L0..L3, the default)")
     conf.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                      help="an option of the reward, task or buffer (repeatable)")
+                      help="an option of the reward, task, buffer or environment (repeatable)")
     conf.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="a recipe override for the runs (L3, or the component's run), e.g. --set task.name=mine")
     conf.add_argument("--steps", type=int, default=4, help="steps per stage of a component's run (default 4)")

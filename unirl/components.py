@@ -27,6 +27,10 @@ def build_component(recipe: Any, section: str, kind: str, ctx: Any = None, host:
         from unirl.config.sections import split_rollout_policy
 
         options = split_rollout_policy(options)[1]
+    if section == "environment":  # max_turns, ...: the multi-turn rollout's (unirl.rollouts.multi_turn)
+        from unirl.config.sections import split_agent_policy
+
+        options = split_agent_policy(options)[1]
     if ctx is None:
         model_path = str(recipe.model.path) if recipe.model.path is not None else ""
         ctx = BuildContext(recipe=recipe, run_dir=str(recipe.run.dir), model_path=model_path)

@@ -23,7 +23,16 @@ from typing import Any
 
 from unirl.capabilities import Capabilities
 from unirl.errors import PluginContractError, PluginLoadError
-from unirl.protocols import Backend, EngineTrainer, MetricsLogger, ReplayBuffer, RolloutEngine, StageRunner, Task
+from unirl.protocols import (
+    Backend,
+    EngineTrainer,
+    Environment,
+    MetricsLogger,
+    ReplayBuffer,
+    RolloutEngine,
+    StageRunner,
+    Task,
+)
 
 #: the contract this unirl speaks
 CONTRACT_VERSION = 3
@@ -215,12 +224,15 @@ def check_trainer(trainer: Any, owner: str, mode: str | None = None) -> Any:
 
 def check_component(obj: Any, kind: str, owner: str) -> Any:
     """A built task, rollout, buffer or logger against its protocol."""
-    proto = {"task": Task, "rollout": RolloutEngine, "buffer": ReplayBuffer, "logger": MetricsLogger}.get(kind)
+    proto = {"task": Task, "rollout": RolloutEngine, "buffer": ReplayBuffer, "logger": MetricsLogger,
+             "environment": Environment}.get(kind)
     if proto is None:
         return obj
     _refuse_removed(obj, proto, kind, owner)
     missing = missing_members(obj, proto)
     if kind == "rollout" and missing == ["shares_trainer_policy"]:
         return obj  # optional: absent means the engine keeps a copy of its own
+    if kind == "environment" and set(missing) <= {"tools", "stop"}:
+        return obj  # optional: no tools advertised, turns end at EOS only
     _require(obj, proto, kind, owner)
     return obj

@@ -111,6 +111,18 @@ def unirl_register_tasks(register: Register) -> None:
 
 
 @hookspec
+def unirl_register_environments(register: Register) -> None:
+    """Register multi-turn environments (``environment.name=NAME``): tools and agents.
+
+    Called once at plugin load. ``factory(config, ctx) -> Environment`` is called once per
+    episode (:class:`unirl.protocols.Environment`: ``reset(example, seed)``, ``step(action)``,
+    ``tools``, ``stop``). The ``environment`` section's keys ``max_turns``, ``max_total_tokens``,
+    ``step_timeout_s`` and ``on_error`` are the run's (:class:`unirl.config.sections.AgentPolicy`)
+    and are not passed to ``config``. docs/agents.md.
+    """
+
+
+@hookspec
 def unirl_register_loggers(register: Register) -> None:
     """Register metric loggers (``loggers: [NAME, {name: NAME, ...options}]`` in a recipe; several
     at once): TensorBoard, Weights & Biases, ...

@@ -68,6 +68,13 @@ REWARD_FAILED = "reward/failed"  # completions whose reward failed this step (re
 REWARD_SKIPPED_GROUPS = "reward/skipped_groups"  # groups left out of this step (reward.on_error=skip_group)
 SKIPPED_REWARD = "steps/skipped_reward"  # steps skipped so far because no group's reward succeeded (skip_group)
 SKIPPED_NONFINITE = "steps/skipped_nonfinite"  # steps skipped so far for a non-finite loss or gradient (engine mode)
+# multi-turn episodes (environment.name): over the step's episodes
+AGENT_TURNS_MEAN = "agent/turns_mean"  # model turns per episode
+AGENT_TOOL_CALLS = "agent/tool_calls"  # tool calls the environments ran
+AGENT_TOOL_ERRORS = "agent/tool_errors"  # tool calls that raised, timed out or returned non-text (contained)
+AGENT_TRUNCATED = "agent/truncated"  # episodes cut at environment.max_total_tokens
+AGENT_ENV_ERRORS = "agent/env_errors"  # episodes ended by an environment that raised or hung (on_error=end_episode)
+AGENT_RETURN_MEAN = "agent/return_mean"  # the environments' summed turn rewards per episode
 MEMORY_RANK_PEAK = "memory/rank_peak_bytes"  # the largest peak RSS of a run's rank processes (parallel.dp > 1)
 
 #: Keys every row of a stage type must carry.

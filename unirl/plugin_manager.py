@@ -30,6 +30,7 @@ _REGISTRATION_HOOKS = {
     "unirl_register_buffers": "buffer",
     "unirl_register_tasks": "task",
     "unirl_register_loggers": "logger",
+    "unirl_register_environments": "environment",
 }
 
 

@@ -135,6 +135,45 @@ class RolloutEngine(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+@dataclass
+class StepResult:
+    """What :meth:`Environment.step` returns for one action (OpenEnv's and gym's fields)."""
+
+    #: text shown to the model next (a tool's output); appended as tokens after the model's own,
+    #: masked out of the loss. Ignored when ``done``.
+    observation: str = ""
+    reward: float = 0.0  # this turn's reward (summed into the episode's return, docs/semantics.md)
+    done: bool = False  # the episode is over: no more turns
+    #: counters the rollout adds to the step's row: ``tool_calls`` and ``tool_errors`` (numbers)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A multi-turn environment (``environment.name``): one instance per episode, built by the
+    registered factory as ``factory(config, ctx)``.
+
+    Token in, token out: the rollout appends the tokens the engine generated and the tokenised
+    ``observation`` of each step to the episode's sequence; it never re-tokenises the conversation.
+    Only the model's own tokens are trained on (``response_mask``); observations are context.
+    """
+
+    #: the tools the environment offers, as JSON schemas in the OpenAI function format
+    #: (``{"type": "function", "function": {"name", "description", "parameters"}}``); may be empty
+    tools: list[dict[str, Any]]
+    #: strings that end a model turn so that the environment can answer (e.g. ``"</tool_call>"``);
+    #: a turn also ends at EOS or ``rollout.max_new_tokens``
+    stop: list[str]
+
+    def reset(self, example: Example, seed: int) -> str | None:
+        """Start an episode for ``example``; ``seed`` is the episode's own (the same on a resumed
+        run). Returns the prompt text the model starts from, or None for ``example.prompt``."""
+
+    def step(self, action: str) -> StepResult:
+        """The model's turn (its decoded text, special tokens removed): the next observation, the
+        turn's reward and whether the episode is over."""
+
+
 @runtime_checkable
 class ReplayBuffer(Protocol):
     """Holds rollouts between generation and training, and decides what is trained on (``buffer.name``).
@@ -363,6 +402,19 @@ class CountedCalls(Protocol):
     call and how many were replaced (``rollout/worker_restarts``), added to the step's row."""
 
     def take_counts(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class TokenGenerator(Protocol):
+    """A rollout engine that also samples from token ids (multi-turn episodes need it: the
+    episode's context is the ids generated so far plus observations, never re-tokenised text)."""
+
+    def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
+                     seeds: Sequence[int]) -> list[tuple[list[int], list[float] | None]]:
+        """One sample per prompt (``params.n`` is ignored): the sampled ids (up to and including EOS
+        or the token completing a stop string) and, with ``params.logprobs``, each one's log-prob.
+        ``seeds[i]`` seeds prompt ``i``'s sample where the engine seeds per request (vLLM); an engine
+        drawing from the process's torch generator (hf_generate) may ignore it."""
 
 
 @runtime_checkable

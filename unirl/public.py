@@ -15,7 +15,8 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "unirl.protocols": ("EngineTrainer", "StageRunner", "TrainerBase", "Backend", "AlgorithmMath", "ConfigTranslator",
                         "FixedBatchSteps", "RolloutEngine", "ReplayBuffer", "RewardFn", "Task", "MetricsLogger",
                         "Example", "SamplingParams", "ScoreRequest", "Scores", "UpdatePlan", "BuildContext", "StageInputs",
-                        "RankMetrics", "CountedCalls", "FailureLog", "Closeable", "DirectBaselines"),
+                        "RankMetrics", "CountedCalls", "FailureLog", "Closeable", "DirectBaselines", "Environment",
+                        "StepResult", "TokenGenerator"),
     "unirl.batch": ("RolloutBatch", "SFTBatch", "PairBatch", "on_device"),
     "unirl.capabilities": ("Capabilities", "Support", "Fixed", "all_values", "ON", "CANONICAL_KNOBS"),
     "unirl.errors": ("UnirlError", "UsageError", "ConfigError", "CapabilityError", "PluginLoadError",
@@ -50,8 +51,14 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "unirl.subprocess_stage": ("SubprocessStageRunner", "StageLaunch", "Step", "TensorboardScalars",
                                "literal_metrics", "number", "refused_stages", "missing_on_this_machine"),
     "unirl.tasks.rng": ("rng_state", "set_rng_state"),
+    "unirl.environments.tools": ("ToolEnvironment", "tool_schema"),
+    "unirl.rollouts.multi_turn": ("Episode", "call_environment", "environment_factory", "episode_seed"),
+    "unirl.environments.calls": ("call_with_timeout", "CallTimeout"),
+    "unirl.testing.episodes": ("check_environment_deterministic", "episode_violations", "check_episode_batch",
+                               "run_environment_checks"),
     "unirl.metrics": ("*",),  # the shared metric names, REQUIRED, check_row_keys
-    "unirl.testing.suite": ("TrainerBackendTests", "RewardTests", "TaskTests", "BufferTests", "RolloutBackendTests"),
+    "unirl.testing.suite": ("TrainerBackendTests", "RewardTests", "TaskTests", "BufferTests", "RolloutBackendTests",
+                            "EnvironmentTests"),
     "unirl.testing.components": ("*",),  # the component checks the suites call
     "unirl.testing.rollout_level": ("RolloutKit", "run_rollout_checks", "check_weight_push", "check_sampling",
                                     "check_masks", "check_logprobs"),  # the rollout level, check by check

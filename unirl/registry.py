@@ -15,7 +15,7 @@ from typing import Any
 from unirl.capabilities import Capabilities
 from unirl.errors import PluginLoadError, UnknownBackendError, UnknownComponentError
 
-KINDS = ("backend", "rollout", "reward", "buffer", "task", "logger")
+KINDS = ("backend", "rollout", "reward", "buffer", "task", "logger", "environment")
 
 
 @dataclass

@@ -174,6 +174,10 @@ def _driver_keys(section: str) -> tuple[str, ...]:
         from unirl.config.sections import ROLLOUT_POLICY_KEYS
 
         return ROLLOUT_POLICY_KEYS
+    if section == "environment":
+        from unirl.config.sections import AGENT_POLICY_KEYS
+
+        return AGENT_POLICY_KEYS
     return ()
 
 
@@ -187,6 +191,9 @@ def _swap_component(cfg: Any, key: str, value: Any) -> None:
     if section not in COMPONENT_SECTIONS or leaf not in ("", "name"):
         return
     new = value.get("name") if leaf == "" and isinstance(value, dict) else value if leaf == "name" else None
+    if section == "environment" and leaf == "name" and new is None:  # back to single-turn: no options left
+        cfg[section] = {"name": None}
+        return
     if not isinstance(new, str) or new == cfg[section].get("name"):
         return
     kept = {k: v for k, v in OmegaConf.to_container(cfg[section]).items() if k in _kept_keys(section)}

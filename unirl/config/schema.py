@@ -194,10 +194,13 @@ class RecipeConfig:
     reward: dict[str, Any] = field(default_factory=lambda: {"name": "arithmetic"})
     rollout: dict[str, Any] = field(default_factory=lambda: {"name": "hf_generate"})
     buffer: dict[str, Any] = field(default_factory=lambda: {"name": "memory"})
+    # Multi-turn episodes (tools, agents): {name: null} is single-turn, prompt -> completion
+    environment: dict[str, Any] = field(default_factory=lambda: {"name": None})
     backend_options: dict[str, Any] = field(default_factory=dict)
     # Metric loggers besides metrics.jsonl, several at once: [tensorboard, {name: wandb, project: p}]
     loggers: list[Any] = field(default_factory=list)
 
 
 #: Component sections and the registry kind whose config class validates them.
-COMPONENT_SECTIONS = {"task": "task", "reward": "reward", "rollout": "rollout", "buffer": "buffer"}
+COMPONENT_SECTIONS = {"task": "task", "reward": "reward", "rollout": "rollout", "buffer": "buffer",
+                      "environment": "environment"}

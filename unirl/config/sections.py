@@ -85,3 +85,42 @@ def split_rollout_policy(options: dict[str, Any]) -> tuple[RolloutPolicy, dict[s
     """``options`` of a ``rollout`` section as (its policy, the engine's own options)."""
     rest = dict(options)
     return RolloutPolicy(**{k: rest.pop(k) for k in ROLLOUT_POLICY_KEYS if k in rest}), rest
+
+
+ENV_ON_ERROR = ("fail", "end_episode")
+
+
+@dataclass
+class AgentPolicy:
+    """Keys every ``environment`` section takes, whatever the environment: how the multi-turn
+    rollout runs its episodes (:mod:`unirl.rollouts.multi_turn`, docs/agents.md)."""
+
+    max_turns: int = 4  # model turns per episode (the episode ends after the last one)
+    #: response tokens per episode, the model's and the observations' together: an episode reaching it
+    #: is cut there and counted (``agent/truncated``)
+    max_total_tokens: int = 256
+    step_timeout_s: float = 30.0  # seconds one ``Environment.step`` may take
+    #: an ``Environment.step`` (or ``reset``) that raises or passes ``step_timeout_s``: ``fail`` the run,
+    #: or ``end_episode`` (the episode ends there with the rewards it had; counted, ``agent/env_errors``)
+    on_error: str = "fail"
+
+    @staticmethod
+    def validate(cfg: AgentPolicy, recipe: Any = None) -> str | None:
+        if cfg.max_turns < 1:
+            return f"max_turns={cfg.max_turns} must be at least 1."
+        if cfg.max_total_tokens < 1:
+            return f"max_total_tokens={cfg.max_total_tokens} must be at least 1."
+        if not cfg.step_timeout_s > 0:
+            return f"step_timeout_s={cfg.step_timeout_s!r} must be > 0 (seconds one environment step may take)."
+        if cfg.on_error not in ENV_ON_ERROR:
+            return f"on_error={cfg.on_error!r}: use one of {', '.join(ENV_ON_ERROR)}."
+        return None
+
+
+AGENT_POLICY_KEYS = tuple(f.name for f in fields(AgentPolicy))
+
+
+def split_agent_policy(options: dict[str, Any]) -> tuple[AgentPolicy, dict[str, Any]]:
+    """``options`` of an ``environment`` section as (its policy, the environment's own options)."""
+    rest = dict(options)
+    return AgentPolicy(**{k: rest.pop(k) for k in AGENT_POLICY_KEYS if k in rest}), rest

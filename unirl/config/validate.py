@@ -156,6 +156,13 @@ def _check_values(cfg: Any) -> None:
 def _validate_component(cfg: Any, section: str, kind: str, registry: Any) -> dict[str, Any]:
     data = OmegaConf.to_container(cfg[section])
     name = data.pop("name", None)
+    if section == "environment" and name is None:  # single-turn: no environment, so no options
+        if data:
+            raise ConfigError(f"environment.{sorted(data)[0]} is set but environment.name is null (single-turn "
+                              f"rollouts): name an environment (installed: "
+                              f"{', '.join(registry.names(kind)) or 'none'}) or drop the key.",
+                              key=f"environment.{sorted(data)[0]}", value=data[sorted(data)[0]])
+        return {"name": None}
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{section}.name is required: the name of a registered {kind} "
                           f"(installed: {', '.join(registry.names(kind)) or 'none'}).", key=f"{section}.name", value=name)
@@ -170,6 +177,11 @@ def _validate_component(cfg: Any, section: str, kind: str, registry: Any) -> dic
         from unirl.config.sections import ROLLOUT_POLICY_KEYS, RolloutPolicy
 
         policy = _validate_options({k: data.pop(k) for k in ROLLOUT_POLICY_KEYS if k in data}, RolloutPolicy, section,
+                                   recipe=cfg)
+    if section == "environment":  # how episodes run (turns, token budget, timeouts): the driver's
+        from unirl.config.sections import AGENT_POLICY_KEYS, AgentPolicy
+
+        policy = _validate_options({k: data.pop(k) for k in AGENT_POLICY_KEYS if k in data}, AgentPolicy, section,
                                    recipe=cfg)
     options = _validate_options(data, reg.config_class, section, recipe=cfg)
     return {"name": name, **options, **policy}
@@ -244,6 +256,23 @@ def _engine_backends(registry: Any) -> list[str]:
     return [r.name for r in registry.entries["backend"].values() if r.spec is not None and r.spec.offers("engine")]
 
 
+def _check_environment(cfg: Any, backend_reg: Any, registry: Any, trainer_mode: bool) -> None:
+    """Multi-turn episodes (``environment.name``) run in unirl's rl step on its in-process engine."""
+    name = cfg.environment.get("name")
+    if name is None or not any(st.type == "rl" for st in cfg.stages):
+        return
+    caps = backend_reg.capabilities
+    if trainer_mode and not (caps is not None and caps.environments):
+        engines = _engine_backends(registry)
+        raise ConfigError(f"environment.name={name!r} runs multi-turn episodes, and backend {backend_reg.name!r} in "
+                          f"trainer mode cannot hand them to its framework's own loop. Use an engine-mode backend "
+                          f"({', '.join(engines)}).", key="environment.name", value=name)
+    if cfg.distributed.ray.enabled:
+        raise ConfigError(f"environment.name={name!r}: multi-turn episodes run on the rollout engine in the trainer's "
+                          f"process; Ray rollout workers do not run them yet. Set distributed.ray.enabled=false.",
+                          key="environment.name", value=name)
+
+
 def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
     caps = backend_reg.capabilities
     if caps is None:
@@ -277,6 +306,7 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
                           f"{backend_reg.name!r} runs in trainer mode: the framework's own loop trains on every "
                           f"group it scores. Use reward.on_error=zero (or fail), or an engine-mode backend "
                           f"({', '.join(engines)}).", key="reward.on_error", value="skip_group")
+    _check_environment(cfg, backend_reg, registry, trainer_mode)
     for dim, what in PARALLEL_DIMS.items():  # the layout, before any rank starts
         size, largest = cfg.parallel[dim], caps.parallel.get(dim, 1)
         if largest is not None and size > largest:

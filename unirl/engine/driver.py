@@ -148,7 +148,12 @@ class Driver:
         from unirl.components import build_component
 
         if not self.recipe.distributed.ray.enabled:
-            return build_component(self.recipe, "rollout", "rollout", ctx)
+            engine = build_component(self.recipe, "rollout", "rollout", ctx)
+            if self.recipe.environment.name is None:
+                return engine
+            from unirl.rollouts.multi_turn import build_multi_turn
+
+            return build_multi_turn(self.recipe, engine, ctx, self.host)
         from unirl.distributed.ray_rollout import RayRolloutPool
 
         return RayRolloutPool(self.recipe, ctx, self._ray)

@@ -37,9 +37,13 @@ def evaluate(parts: Any, recipe: Any, examples: list[Any], global_step: int) -> 
         params.max_new_tokens = ev.max_new_tokens
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.seed * 1_000_003 + global_step)
-        rollout = parts.rollout.generate([ex.prompt for ex in examples], params)
+        if hasattr(parts.rollout, "generate_examples"):  # multi-turn: episodes of the recipe's environment
+            rollout = parts.rollout.generate_examples(examples, params)
+        else:
+            rollout = parts.rollout.generate([ex.prompt for ex in examples], params)
     rewards = torch.tensor(parts.reward(rollout.prompts, rollout.completions,
-                                        **example_extras(examples, ev.samples)), dtype=torch.float64)
+                                        **example_extras(examples, ev.samples), **rollout.extras),
+                           dtype=torch.float64)
     per_prompt = rewards.view(len(examples), ev.samples)
     row: dict[str, float] = {}
     for part in (parts.rollout, parts.reward):  # a Ray pool's counts: the step's row counts training samples only

@@ -59,6 +59,8 @@ class GenerationQueue:
         request = _Request(examples=examples, version=self.version, group_size=group_size)
         if submit is not None:  # a pool: the calls run in other processes while this one trains
             request.ticket = submit([ex.prompt for ex in examples], params, immediate=immediate)
+        elif hasattr(self.rollout, "generate_examples"):  # multi-turn: environments start from the examples
+            request.batch = self.rollout.generate_examples(examples, params)
         else:  # in process: generated now, with the current policy
             request.batch = self.rollout.generate([ex.prompt for ex in examples], params)
         self._requests.append(request)
@@ -69,7 +71,8 @@ class GenerationQueue:
         if request.batch is None:
             request.batch, request.ticket = self.rollout.collect(request.ticket), None
         if request.examples is not None:
-            request.batch.extras = example_extras(request.examples, request.group_size)
+            # the task's fields, and what the rollout adds (a multi-turn episode's return)
+            request.batch.extras = {**example_extras(request.examples, request.group_size), **request.batch.extras}
             request.batch.policy_version = torch.full((len(request.batch),), request.version, dtype=torch.long)
             request.examples = None
         return request.batch

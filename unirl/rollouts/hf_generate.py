@@ -49,12 +49,12 @@ class HFGenerateRollout:
         return sampling_params(self.config, n)
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
+    def _sample(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Sample from left-padded ``prompt_ids`` (on the model's device): the response ids ``[B, R]`` and
+        its mask (1 up to and including EOS or the token completing a stop string), on the CPU, and with
+        ``params.logprobs`` each sampled token's log-prob ``[B, R]`` (0 after the end)."""
         tok = self.tokenizer
-        enc = tok(list(prompts), return_tensors="pt", padding=True, padding_side="left")
-        device = next(self.model.parameters()).device  # the shared policy's (CUDA when the trainer's is)
-        prompt_ids = enc.input_ids.repeat_interleave(params.n, dim=0).to(device)
-        prompt_mask = enc.attention_mask.repeat_interleave(params.n, dim=0).to(device)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -81,16 +81,27 @@ class HFGenerateRollout:
             out = out.sequences
             chosen = out[:, prompt_ids.shape[1]:].unsqueeze(-1)
             sampled_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1).cpu()
-        out, prompt_mask = out.cpu(), prompt_mask.cpu()  # batches travel on the CPU
-        p_len = prompt_ids.shape[1]
-        response = out[:, p_len:]
+        response = out[:, prompt_ids.shape[1]:].cpu()  # batches travel on the CPU
         # Response tokens up to and including the first EOS are real; generate pads after it.
         is_eos = response == tok.eos_token_id
         if stop:  # the token completing a stop string ends the response, as EOS does
             is_eos = is_eos | stop_ends(tok, response, stop)
         after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
         resp_mask = (~after_eos).long()
-        completions = tok.batch_decode(response.masked_fill(after_eos, tok.pad_token_id), skip_special_tokens=True)
+        if sampled_logprobs is not None:
+            sampled_logprobs = sampled_logprobs * resp_mask
+        return response, resp_mask, sampled_logprobs
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
+        tok = self.tokenizer
+        enc = tok(list(prompts), return_tensors="pt", padding=True, padding_side="left")
+        device = next(self.model.parameters()).device  # the shared policy's (CUDA when the trainer's is)
+        prompt_ids = enc.input_ids.repeat_interleave(params.n, dim=0)
+        prompt_mask = enc.attention_mask.repeat_interleave(params.n, dim=0)
+        response, resp_mask, sampled_logprobs = self._sample(prompt_ids.to(device), prompt_mask.to(device), params)
+        p_len = prompt_ids.shape[1]
+        out = torch.cat([prompt_ids, response], dim=1)
+        completions = tok.batch_decode(response.masked_fill(resp_mask == 0, tok.pad_token_id), skip_special_tokens=True)
         n_groups = len(prompts)
         groups = torch.arange(self._next_group, self._next_group + n_groups).repeat_interleave(params.n)
         self._next_group += n_groups
@@ -98,7 +109,7 @@ class HFGenerateRollout:
         rollout_logprobs = None
         if sampled_logprobs is not None:  # on the target grid: slot t - 1 scores token t
             rollout_logprobs = torch.zeros(out.shape[0], out.shape[1] - 1)
-            rollout_logprobs[:, p_len - 1:] = sampled_logprobs * resp_mask
+            rollout_logprobs[:, p_len - 1:] = sampled_logprobs
         return RolloutBatch(
             input_ids=out, attention_mask=attention,
             response_mask=torch.cat([torch.zeros_like(prompt_mask), resp_mask], dim=1),
@@ -106,6 +117,24 @@ class HFGenerateRollout:
             prompts=[p for p in prompts for _ in range(params.n)], completions=completions,
             rollout_logprobs=rollout_logprobs,
         )
+
+    def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
+                     seeds: Sequence[int]) -> list[tuple[list[int], list[float] | None]]:
+        """:class:`unirl.protocols.TokenGenerator`: one sample per id list, batched (left-padded);
+        drawn from the process's torch generator, so ``seeds`` are not used."""
+        width = max(len(p) for p in prompt_ids)
+        ids = torch.full((len(prompt_ids), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+        for i, p in enumerate(prompt_ids):
+            ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        device = next(self.model.parameters()).device
+        response, resp_mask, logprobs = self._sample(ids.to(device), mask.to(device), params)
+        out = []
+        for i in range(len(prompt_ids)):
+            n = int(resp_mask[i].sum())
+            out.append((response[i, :n].tolist(), logprobs[i, :n].tolist() if logprobs is not None else None))
+        return out
 
     def load_weights(self, weights: Any) -> None:
         tied = getattr(self.model.config, "tie_word_embeddings", False)

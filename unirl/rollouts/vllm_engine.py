@@ -201,6 +201,13 @@ class VLLMRollout:
         first = self._next_group
         self._next_group += len(prompts)
         seeds = [self._group_seed(first + i) for i in range(len(prompts))]
+        rid = self._send("generate", prompts=prompt_ids, n=params.n, sampling=self._sampling(params), seeds=seeds)
+        return {"id": rid, "prompts": prompts, "prompt_ids": prompt_ids, "first_group": first, "n": params.n,
+                "logprobs": bool(params.logprobs)}
+
+    @staticmethod
+    def _sampling(params: SamplingParams) -> dict[str, Any]:
+        """The worker's ``vllm.SamplingParams`` keywords for ``params``."""
         if params.greedy:
             sampling: dict[str, Any] = {"temperature": 0.0}
         else:
@@ -209,9 +216,19 @@ class VLLMRollout:
         sampling["max_tokens"] = params.max_new_tokens
         if getattr(params, "stop", None):  # vLLM keeps the token completing a stop string in token_ids
             sampling["stop"] = list(params.stop)
-        rid = self._send("generate", prompts=prompt_ids, n=params.n, sampling=sampling, seeds=seeds)
-        return {"id": rid, "prompts": prompts, "prompt_ids": prompt_ids, "first_group": first, "n": params.n,
-                "logprobs": bool(params.logprobs)}
+        return sampling
+
+    def generate_ids(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
+                     seeds: Sequence[int]) -> list[tuple[list[int], list[float] | None]]:
+        """:class:`unirl.protocols.TokenGenerator`: one sample per id list, ``seeds[i]`` its seed (a
+        multi-turn episode's turn: the same on a resumed run)."""
+        if getattr(params, "logprob_kind", self.config.logprobs) != self.config.logprobs:
+            raise RunError(f"this vLLM engine returns {self.config.logprobs} log-probs (rollout.logprobs); "
+                           f"{params.logprob_kind} ones were asked for")
+        answer = self._call("generate", prompts=[list(p) for p in prompt_ids], n=1, sampling=self._sampling(params),
+                            seeds=[int(s) for s in seeds])
+        return [(list(group[0]["ids"]), list(group[0]["logprobs"]) if params.logprobs else None)
+                for group in answer["outputs"]]
 
     def _group_seed(self, group: int) -> int:
         """The seed of one prompt's samples. vLLM gives sample ``j`` of a request seed ``seed + j``

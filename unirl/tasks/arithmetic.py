@@ -21,6 +21,9 @@ class ArithmeticTaskConfig:
     min_operand: int = 0
     max_operand: int = 9
     ops: str = "+"  # any of + - *; one is picked uniformly per problem
+    #: the SFT completion is the calculator episode (``calc(a+b) = v`` then the answer) instead of the
+    #: answer alone: the format ``environment.name=calculator`` runs (configs/tool_calc_tiny.yaml)
+    tool_transcript: bool = False
 
     @staticmethod
     def validate(cfg: ArithmeticTaskConfig) -> str | None:
@@ -53,7 +56,12 @@ class ArithmeticTask:
             op = rng.choice(c.ops)
             value = _OPS[op](a, b)
             wrong = value + rng.choice((-9, -8, -7, -6, -5, -4, -3, -2, -1, 1, 2, 3, 4, 5, 6, 7, 8, 9))
-            out.append(Example(prompt=f"{a}{op}{b}=", answer=str(value), completion=str(value), rejected=str(wrong)))
+            completion = str(value)
+            if c.tool_transcript:
+                from unirl.environments.calculator import transcript
+
+                completion = transcript(f"{a}{op}{b}", completion)
+            out.append(Example(prompt=f"{a}{op}{b}=", answer=str(value), completion=completion, rejected=str(wrong)))
         return out
 
     def validation(self, limit: int | None = None) -> list[Example]:

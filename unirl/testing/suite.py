@@ -222,3 +222,39 @@ class RolloutBackendTests:
                 assert int(row[n - 1]) == tok.eos_token_id, "a response shorter than max_new_tokens ends at EOS"
         if hasattr(ctx.trainer, "sync_weights"):  # must not fail; same-process engines may share the module
             ctx.trainer.sync_weights(engine)
+
+
+class EnvironmentTests:
+    """A registered multi-turn environment (docs/agents.md): ``environment`` (name), ``options``, and
+    ``run_overrides`` (the task and reward it is played with, e.g. ``task.tool_transcript=true``).
+    Episodes the tiny model plays pass the drift and mask checks; two instances reset with the same
+    seed answer alike; a short run is stopped and resumed bit-identical."""
+
+    environment: ClassVar[str] = ""
+    options: ClassVar[dict[str, Any]] = {}
+    run_overrides: ClassVar[list[str]] = []
+    run_steps: ClassVar[int] = 3
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def results(cls, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+        from unirl.testing.episodes import run_environment_checks
+
+        found = run_environment_checks(cls.environment, cls.options, steps=cls.run_steps,
+                                       overrides=cls.run_overrides, workdir=tmp_path_factory.mktemp("environment"))
+        return {r.check: r for r in found}
+
+    @staticmethod
+    def _check(result: Any) -> None:
+        if result.status != "passed":
+            pytest.fail(result.describe(), pytrace=False)
+
+    def test_episodes_keep_the_engine_s_ids_and_mask_only_the_model_s(self, results: dict[str, Any]) -> None:
+        self._check(results["episodes"])
+
+    def test_environment_is_deterministic_given_its_seed(self, results: dict[str, Any]) -> None:
+        self._check(results["deterministic"])
+
+    @pytest.mark.slow
+    def test_runs_and_resumes_in_a_recipe(self, results: dict[str, Any]) -> None:
+        self._check(results["resume"])

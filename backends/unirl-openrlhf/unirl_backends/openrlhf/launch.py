@@ -108,11 +108,19 @@ def prepare_stage(recipe: Any, stage: Any, *, model_path: str, out: Path, option
     if stage.type == "rl":
         cli = "train_ppo_ray"
         argv = ppo_argv(recipe.algorithm, trainer=recipe.trainer, rollout=recipe.rollout, stage=stage,
-                        model_path=model_path, data_path=str(data), seed=recipe.seed, zero_stage=zero, options=options)
+                        model_path=model_path, data_path=str(data), seed=recipe.seed, zero_stage=zero, options=options,
+                        environment=recipe.environment)
         (out / "reward_func.py").write_text(
             '"""OpenRLHF custom reward for this unirl recipe (written by unirl_backends.openrlhf.launch)."""\n'
             "from unirl_backends.openrlhf.launch import reward_func_from_recipe\n\n"
             f"reward_func = reward_func_from_recipe({str(out / 'recipe.yaml')!r})\n")
+        if recipe.environment.get("name") is not None:  # the environment as OpenRLHF's agent function
+            (out / "agent_func.py").write_text(
+                '"""OpenRLHF agent function for this unirl recipe\'s environment (written by '
+                'unirl_backends.openrlhf.launch)."""\n'
+                "from unirl_backends.openrlhf.agent import executor_class\n\n"
+                f"AgentExecutor = executor_class({str(out / 'recipe.yaml')!r})\n")
+            argv += ["--train.agent_func_path", str(out / "agent_func.py")]
         argv += ["--reward.remote_url", str(out / "reward_func.py"), "--actor.num_gpus_per_node", gpus,
                  "--ref.num_gpus_per_node", gpus, "--vllm.num_engines", gpus, "--train.colocate_all", *outputs]
     elif stage.type == "dpo":

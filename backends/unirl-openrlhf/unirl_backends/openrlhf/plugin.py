@@ -58,6 +58,7 @@ CAPABILITIES = Capabilities(
     },
     # one process, ZeRO 0-2 (engine mode; ZeRO-3 only with mode=trainer, through backend_options.zero_stage)
     parallel={"dp": 1, "zero_stage": (0, 1, 2)},
+    environments=True,  # trainer mode: the environment as OpenRLHF's agent function (unirl_backends.openrlhf.agent)
 )
 
 

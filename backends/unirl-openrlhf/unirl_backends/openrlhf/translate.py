@@ -42,7 +42,8 @@ def kl_settings(algo: Any) -> tuple[bool, float, str]:
 
 
 def ppo_argv(algo: Any, *, trainer: Any = None, rollout: Any = None, stage: Any = None, model_path: str = "model",
-             data_path: str = "prompts.jsonl", seed: int = 0, zero_stage: int = 0, options: Any = None) -> list[str]:
+             data_path: str = "prompts.jsonl", seed: int = 0, zero_stage: int = 0, options: Any = None,
+             environment: Any = None) -> list[str]:
     """``train_ppo_ray`` arguments for one ``rl`` stage (or, without a stage, for the math alone)."""
     if algo.loss_agg not in LOSS_AGG:
         raise ConfigError(f"algorithm.loss_agg={algo.loss_agg!r} has no --actor.loss_agg_mode in OpenRLHF; allowed: "
@@ -81,7 +82,9 @@ def ppo_argv(algo: Any, *, trainer: Any = None, rollout: Any = None, stage: Any 
                  "--train.batch_size", str(stage.batch_size * algo.group_size // algo.mini_batches),
                  "--train.num_episodes", "1", "--data.max_samples", str(stage.steps * stage.batch_size)]
     if rollout is not None:
-        argv += ["--rollout.max_new_tokens", str(rollout.get("max_new_tokens", 8)),
+        # a multi-turn episode's budget (the agent function caps each turn at rollout.max_new_tokens)
+        budget = environment.get("max_total_tokens") if environment is not None and environment.get("name") else None
+        argv += ["--rollout.max_new_tokens", str(budget or rollout.get("max_new_tokens", 8)),
                  "--rollout.temperature", str(rollout.get("temperature", 1.0)),
                  "--rollout.top_p", str(rollout.get("top_p", 1.0))]
     options = options or {}

@@ -8,6 +8,7 @@ code. Everything it cannot express is left out (unsupported), with the reason in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from unirl import hookimpl
 from unirl.capabilities import Capabilities, Fixed, Support
@@ -50,6 +51,7 @@ CAPABILITIES = Capabilities(
         "trainer.weight_decay": Fixed(0.0, "transformers' Trainer.create_optimizer exempts biases and norm weights "
                                       "from weight decay; unirl decays every parameter"),
     },
+    environments=True,  # the environment as GRPOTrainer's environment_factory (unirl_backends.trl.environment)
 )
 
 
@@ -61,9 +63,12 @@ class TRLOptions:
     vllm_mode: str = "colocate"  # colocate | server
     vllm_gpu_memory_utilization: float = 0.3
     device: str = "auto"  # auto (CUDA when available) | cpu | cuda
+    #: write each stage's TRL config (and, with environment.name, the environment_factory module) and the
+    #: trainer call, then stop without training
+    dry_run: bool = False
 
     @staticmethod
-    def validate(cfg: TRLOptions) -> str | None:
+    def validate(cfg: TRLOptions, recipe: Any = None) -> str | None:
         if cfg.vllm_mode not in ("colocate", "server"):
             return f"vllm_mode={cfg.vllm_mode!r}; allowed: 'colocate', 'server'."
         if cfg.device not in ("auto", "cpu", "cuda"):
@@ -72,6 +77,15 @@ class TRLOptions:
             return f"vllm_gpu_memory_utilization={cfg.vllm_gpu_memory_utilization} must be in (0, 1]."
         if cfg.use_vllm and cfg.device == "cpu":
             return "use_vllm=true needs a CUDA device; device='cpu' was given."
+        if recipe is not None and recipe.get("environment", {}).get("name") is not None \
+                and any(st.type == "rl" for st in recipe.stages):
+            from unirl.errors import ConfigError
+            from unirl_backends.trl.environment import environment_class
+
+            try:  # TRL runs tool-calling environments only: refused now, before any model loads
+                environment_class(recipe)
+            except ConfigError as exc:
+                return str(exc)
         return None
 
 

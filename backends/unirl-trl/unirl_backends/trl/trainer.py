@@ -126,14 +126,21 @@ class TRLTrainer:
             from unirl_backends.trl.data import trl_reward
 
             name = str(self.recipe.reward.get("name", "reward"))
-            funcs = [trl_reward(reward, name, columns)] if reward is not None else [lambda prompts, completions,
-                                                                                           **kw: [0.0] * len(prompts)]
-            trainer = self._grpo(config, funcs, common)
+            factory = None
+            if self.recipe.environment.get("name") is not None:  # multi-turn: TRL's environment_factory
+                from unirl_backends.trl.environment import environment_class, episode_reward
+
+                factory = environment_class(self.recipe)
+                funcs = [episode_reward(reward, name, columns)]
+            else:
+                funcs = [trl_reward(reward, name, columns)] if reward is not None else [
+                    lambda prompts, completions, **kw: [0.0] * len(prompts)]
+            trainer = self._grpo(config, funcs, common, factory)
         for cb in (PrinterCallback, ProgressCallback):  # unirl prints progress; TRL must not print a second one
             trainer.remove_callback(cb)
         return trainer
 
-    def _grpo(self, config: Any, funcs: list[Any], common: dict[str, Any]) -> Any:
+    def _grpo(self, config: Any, funcs: list[Any], common: dict[str, Any], environment_factory: Any = None) -> Any:
         """GRPOTrainer loads its reference from the policy's ``config._name_or_path``: point it
         at the stage-start weights written to the run directory, then restore the name."""
         import trl
@@ -146,13 +153,14 @@ class TRLTrainer:
             save_hf_model(self.reference, self.tokenizer, str(ref_dir))
             self.policy.config._name_or_path = str(ref_dir)
         try:
-            return trl.GRPOTrainer(model=self.policy, reward_funcs=funcs, **common)
+            extra = {"environment_factory": environment_factory} if environment_factory is not None else {}
+            return trl.GRPOTrainer(model=self.policy, reward_funcs=funcs, **common, **extra)
         finally:
             self.policy.config._name_or_path = original
 
     # ------------------------------------------------------------------ trainer mode
 
-    def run_stage(self, stage: Any, lr: float, *, parts: StageInputs, start_step: int, on_step: Any) -> None:
+    def run_stage(self, stage: Any, lr: float, *, parts: StageInputs, start_step: int, on_step: Any) -> str | None:
         from datasets import Dataset
 
         from unirl_backends.trl.callback import UnirlCallback
@@ -167,8 +175,13 @@ class TRLTrainer:
             parts.task.load_state_dict(self.stage_task_state)
         examples = parts.task.sample(stage.steps * stage.batch_size)
         rows = stage_rows(stage.type, examples)[start_step * stage.batch_size:]
+        multi_turn = stage.type == "rl" and self.recipe.environment.get("name") is not None
+        if multi_turn:  # TRL's environments take conversational prompts (the task's text as the user's message)
+            rows = [{**row, "prompt": [{"role": "user", "content": row["prompt"]}]} for row in rows]
         config = stage_config(self.recipe, stage, output_dir=str(self.run_dir / "trl" / stage.name),
                               steps=stage.steps - start_step, options=self.options, lr=lr)
+        if self.options.get("dry_run"):
+            return self._dry_run(stage, config, rows, multi_turn)
         # a resumed stage continues the generator stream of the interrupted one (restored by the driver)
         rng = torch_rng_state() if start_step > 0 else None
         callback = UnirlCallback(stage_type=stage.type, on_step=on_step, optimizer_state=self.optimizer_state,
@@ -183,6 +196,32 @@ class TRLTrainer:
                 self.optimizer_state = copy.deepcopy(trainer.optimizer.state_dict())
             self._live = None
             self._unpatch()
+
+    def _dry_run(self, stage: Any, config: Any, rows: list[dict[str, Any]], multi_turn: bool) -> str:
+        """``backend_options.dry_run``: the stage's TRL config, rows and (multi-turn) environment_factory
+        module written to ``run.dir/trl/NAME/``, and the trainer call printed; nothing is trained."""
+        import json
+
+        from omegaconf import OmegaConf
+
+        out = self.run_dir / "trl" / stage.name
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(config.to_json_string())
+        (out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        call = f"trl.{type(config).__name__.replace('Config', 'Trainer')}(model, args=config, train_dataset=rows"
+        if multi_turn:
+            pinned = OmegaConf.merge(self.recipe, {"backend_options": {"dry_run": False}})
+            (out / "recipe.yaml").write_text("# written by unirl for the environment_factory (environment.py)\n"
+                                             + OmegaConf.to_yaml(pinned))
+            (out / "environment.py").write_text(
+                '"""TRL environment_factory for this unirl recipe\'s environment (written by '
+                'unirl_backends.trl.trainer)."""\n'
+                "from unirl.config import load_recipe\n"
+                "from unirl_backends.trl.environment import environment_class\n\n"
+                f"UnirlEnvironment = environment_class(load_recipe({str(out / 'recipe.yaml')!r}))\n")
+            call += ", reward_funcs=[episode_reward(...)], environment_factory=environment.UnirlEnvironment"
+        print(f"[trl] {stage.name}: {call}); files in {out}", flush=True)
+        return "dry_run"
 
     # ------------------------------------------------------------------ fixed-batch steps (conformance L2)
 

@@ -92,15 +92,26 @@ def stage_config(recipe: Any, stage: Any, *, output_dir: str, steps: int | None 
         return trl.GRPOConfig(
             **_common(recipe, output_dir=output_dir, lr=lr, steps=steps, micro=micro, accumulation=acc, cuda=cuda),
             num_generations=algo.group_size, steps_per_generation=acc, num_iterations=1, shuffle_dataset=False,
-            max_completion_length=max_new, temperature=recipe.rollout.get("temperature", 1.0),
+            temperature=recipe.rollout.get("temperature", 1.0),
             top_p=recipe.rollout.get("top_p", 1.0), top_k=recipe.rollout.get("top_k", 0),
             loss_type=LOSS_TYPE[algo.loss_agg], scale_rewards="group" if algo.norm_adv_by_std else "none",
             beta=algo.kl_loss_coef, use_bias_correction_kl=False, epsilon=algo.clip_low, epsilon_high=algo.clip_high,
             entropy_coef=0.0, mask_truncated_completions=False, disable_dropout=False, log_completions=False,
             use_vllm=bool(opts.get("use_vllm", False)), vllm_mode=opts.get("vllm_mode", "colocate"),
             vllm_gpu_memory_utilization=opts.get("vllm_gpu_memory_utilization", 0.3),
+            **{"max_completion_length": max_new, **_episodes(recipe)},
         )
     raise CapabilityError(backend="trl", key="stages.type", value=stage.type, supported_by=[])
+
+
+def _episodes(recipe: Any) -> dict[str, Any]:
+    """Multi-turn (``environment.name``): the episode's token budget is the completion's length, and its
+    turns after the first are tool calls TRL answers (``max_tool_calling_iterations``)."""
+    env = recipe.get("environment", {})
+    if env.get("name") is None:
+        return {}
+    return {"max_completion_length": int(env.get("max_total_tokens", 256)),
+            "max_tool_calling_iterations": int(env.get("max_turns", 4)) - 1}
 
 
 def translate(recipe: Any, output_dir: str, options: Any = None) -> dict[str, Any]:

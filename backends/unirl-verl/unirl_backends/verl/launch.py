@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+#: the agent loop a multi-turn recipe's rows name (``agent_name``): unirl_backends.verl.agent_loop.UnirlAgentLoop
+AGENT_NAME = "unirl_environment"
 #: the prompt text as it is: what unirl's own rollouts generate from
 IDENTITY_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
@@ -36,9 +38,10 @@ def write_task_rows(recipe: Any, stage: Any, path: Path, task: Any = None) -> in
     from unirl.components import build_component
 
     task = task if task is not None else build_component(recipe, "task", "task")
+    agent = {"agent_name": AGENT_NAME} if recipe.environment.get("name") is not None else {}
     rows = [{"data_source": ex.meta.get("data_source", recipe.task.name), "prompt": [{"role": "user", "content": ex.prompt}],
              "ability": "unirl", "reward_model": {"style": "rule", "ground_truth": ex.answer},
-             "extra_info": {"index": i, "prompt": ex.prompt, **ex.meta}}
+             "extra_info": {"index": i, "prompt": ex.prompt, **ex.meta}, **agent}
             for i, ex in enumerate(task.sample(stage.steps * stage.batch_size))]
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(path)
@@ -74,6 +77,21 @@ def write_reward_files(recipe: Any, model_path: str, out: Path) -> Path:
     return out / "reward.py"
 
 
+def write_agent_loop(out: Path) -> list[str]:
+    """``agent_loop.yaml``: the recipe's environment as verl's agent loop
+    (:class:`unirl_backends.verl.agent_loop.UnirlAgentLoop`, built from ``recipe.yaml``), and the overrides
+    that load it (``rollout.agent``; the rows' ``agent_name`` selects it)."""
+    import yaml
+
+    path = out / "agent_loop.yaml"
+    entry = {"name": AGENT_NAME, "_target_": "unirl_backends.verl.agent_loop.UnirlAgentLoop",
+             "recipe": str(out / "recipe.yaml")}
+    path.write_text("# written by unirl: the recipe's environment as verl's agent loop (unirl_backends.verl.agent_loop)\n"
+                    + yaml.safe_dump([entry], sort_keys=False))
+    return [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path}",
+            f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}"]
+
+
 def prepare_stage(recipe: Any, stage: Any, *, model_path: str, out: Path, options: Any = None,
                   task: Any = None) -> list[str]:
     """Write ``stage``'s data, recipe and reward files into ``out``; return ``main_ppo``'s
@@ -85,6 +103,8 @@ def prepare_stage(recipe: Any, stage: Any, *, model_path: str, out: Path, option
     write_reward_files(recipe, model_path, out)
     overrides = ppo_overrides(recipe, stage, model_path=model_path, run_dir=str(recipe.run.dir),
                               options=options or {}) + chat_template_overrides()
+    if recipe.environment.get("name") is not None:
+        overrides += write_agent_loop(out)
     compose_ppo(overrides)
     (out / "overrides.json").write_text(json.dumps(overrides, indent=1))
     print(f"[verl] {stage.name}: {n} prompts -> {data}; reward -> {out / 'reward.py'}", flush=True)

@@ -54,6 +54,7 @@ CAPABILITIES = Capabilities(
                                     approximate=True, settable=False),
     },
     parallel={"dp": None},  # gloo (CPU) or NCCL (GPU) ranks, one FSDP2 shard each
+    environments=True,  # trainer mode: the environment as verl's agent loop (unirl_backends.verl.agent_loop)
 )
 
 
@@ -109,3 +110,11 @@ def unirl_register_backends(register):
                          options=VerlOptions, capabilities=CAPABILITIES, mode=run_mode,
                          description="verl 0.9.1: FSDP2 TrainingWorker and core_algos (engine mode, CPU and GPU); "
                                   "main_ppo (backend_options.mode=trainer, GPU)"))
+
+
+@hookimpl
+def unirl_register_environments(register):
+    from unirl_backends.verl.tools import VerlToolsConfig
+
+    register("verl_tools", "unirl_backends.verl.tools:VerlToolEnvironment", config_class=VerlToolsConfig,
+             description="verl BaseTool subclasses from verl's tool config YAML, called as verl's ToolAgentLoop does")

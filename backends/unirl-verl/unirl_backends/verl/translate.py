@@ -72,11 +72,12 @@ def ppo_overrides(recipe: Any, stage: Any, *, model_path: str, run_dir: str, opt
         "actor_rollout_ref.rollout.temperature": rollout.get("temperature", 1.0),
         "actor_rollout_ref.rollout.top_p": rollout.get("top_p", 1.0),
         "actor_rollout_ref.rollout.top_k": rollout.get("top_k", 0) or -1,
-        "actor_rollout_ref.rollout.response_length": rollout.get("max_new_tokens", 8),
+        # multi-turn (environment.name): the response is the whole episode, turns and observations
+        "actor_rollout_ref.rollout.response_length": response_length(recipe),
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": t.micro_batch_size,
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": t.micro_batch_size,
         "data.train_batch_size": stage.batch_size,
-        "data.max_response_length": rollout.get("max_new_tokens", 8),
+        "data.max_response_length": response_length(recipe),
         "data.max_prompt_length": options.get("max_prompt_length", 64),
         "data.train_files": str(Path(run_dir) / "verl" / "data" / f"{stage.name}.parquet"),
         "data.val_files": str(Path(run_dir) / "verl" / "data" / f"{stage.name}.parquet"),
@@ -100,6 +101,14 @@ def ppo_overrides(recipe: Any, stage: Any, *, model_path: str, run_dir: str, opt
         "critic.model.path": model_path,
     }
     return [f"{k}={_value(v)}" for k, v in o.items()]
+
+
+def response_length(recipe: Any) -> int:
+    """verl's response budget: one completion's ``rollout.max_new_tokens``, or a multi-turn episode's
+    ``environment.max_total_tokens``."""
+    if recipe.get("environment", {}).get("name") is not None:
+        return int(recipe.environment.get("max_total_tokens", 256))
+    return int(recipe.rollout.get("max_new_tokens", 8))
 
 
 def compose_ppo(overrides: list[str]) -> Any:
