@@ -21,7 +21,7 @@ def test_demo_recipe_loads_with_defaults_and_overrides():
                              "rollout.temperature=0.7", "run.dir=/tmp/x"])
     assert cfg.trainer.lr == pytest.approx(1e-4) and isinstance(cfg.trainer.lr, float)
     assert cfg.stages[1].steps == 7 and cfg.stages[0].steps == 60
-    assert cfg.task == {"name": "arithmetic", "min_operand": 0, "max_operand": 5, "ops": "+"}
+    assert cfg.task == {"name": "arithmetic", "min_operand": 0, "max_operand": 5, "ops": "+", "tool_transcript": False}
     assert cfg.rollout.temperature == 0.7 and cfg.rollout.max_new_tokens == 4
     assert cfg.buffer == {"name": "memory", "capacity": 100_000}
     assert cfg.seed == 3 and cfg.run.dir == "/tmp/x" and cfg.backend == "native"

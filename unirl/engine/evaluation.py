@@ -3,9 +3,10 @@ trained so far and scored by the recipe's reward, as ``eval/*`` metrics on the s
 
 Greedy decoding by default (``eval.samples=1``); ``samples=k`` draws k completions per prompt at
 ``eval.temperature`` and reports pass@k. Generation runs under a forked random state seeded from
-``(seed, global step)``: the training run's random streams are untouched, so a run with
-evaluation trains exactly as one without, and a resumed run evaluates exactly as the
-uninterrupted one.
+``(seed, global step)`` and the rollout's position (its group numbering, which seeds vLLM's samples
+and environments' episodes) is put back after it: the training run's random streams are untouched, so
+a run with evaluation trains exactly as one without, and a resumed run evaluates exactly as the
+uninterrupted one. With ``environment.name`` the validation examples are played as episodes.
 """
 
 from __future__ import annotations
@@ -35,12 +36,15 @@ def evaluate(parts: Any, recipe: Any, examples: list[Any], global_step: int) -> 
     params.temperature = ev.temperature
     if ev.max_new_tokens is not None:
         params.max_new_tokens = ev.max_new_tokens
+    # the rollout's own position (group numbering: vLLM's and environments' seeds) is the training run's too
+    position = parts.rollout.state_dict()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.seed * 1_000_003 + global_step)
         if hasattr(parts.rollout, "generate_examples"):  # multi-turn: episodes of the recipe's environment
             rollout = parts.rollout.generate_examples(examples, params)
         else:
             rollout = parts.rollout.generate([ex.prompt for ex in examples], params)
+    parts.rollout.load_state_dict(position)
     rewards = torch.tensor(parts.reward(rollout.prompts, rollout.completions,
                                         **example_extras(examples, ev.samples), **rollout.extras),
                            dtype=torch.float64)

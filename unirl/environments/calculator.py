@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from unirl.environments.tools import ToolEnvironment
-from unirl.protocols import Example
 
 _CALL = re.compile(r"calc\((.*?)\)", re.DOTALL)
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
@@ -79,6 +78,3 @@ class CalculatorEnvironment(ToolEnvironment):
         assert self.example is not None
         return self.config.correct if answer.strip() == str(self.example.answer).strip() else 0.0
 
-
-def make_example(expression: str, answer: str) -> Example:
-    return Example(prompt=f"{expression}=", answer=answer, completion=transcript(expression, answer))

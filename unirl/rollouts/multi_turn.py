@@ -275,6 +275,10 @@ def environment_factory(recipe: Any, ctx: Any = None, host: Any = None) -> tuple
     from unirl.contract import check_component
     from unirl.plugin_manager import get_plugin_host
 
+    if ctx is None:  # a framework's worker (verl's agent loop, OpenRLHF's agent function): the recipe's paths
+        from unirl.protocols import BuildContext
+
+        ctx = BuildContext(recipe=recipe, run_dir=str(recipe.run.dir), model_path=str(recipe.model.path or ""))
     options = OmegaConf.to_container(recipe.environment, resolve=True)
     name = options.pop("name")
     policy, options = split_agent_policy(options)
