@@ -3,6 +3,8 @@
 # data, render chat prompts, score, evaluate and train on the device:
 #   1. configs/gsm8k_qwen2.5_0.5b_grpo.yaml   (GRPO, math_verify + format reward, greedy eval/pass_at_1)
 #   2. configs/chat_sft_dpo_qwen2.5_0.5b.yaml (SFT on chosen, then DPO)
+#   3. configs/tool_calc_qwen2.5_0.5b_grpo.yaml (tool use: SFT on the calculator transcript, then GRPO on
+#      episodes; hf_generate here, rollout.name=vllm where the vLLM environment is set up)
 # Inputs (all optional):
 #   QWEN05B_PATH  a local Qwen2.5-0.5B-Instruct folder (real weights, its own chat template); without it,
 #                 random weights of that shape with the tiny byte tokenizer and a short chat template
@@ -51,5 +53,16 @@ print(f"sft loss {sft[0]['loss/sft']:.3f} -> {sft[-1]['loss/sft']:.3f}; dpo marg
 PY
 else
   failed=1; note "FAIL sft then dpo"; tail -n 30 "$out/sft_dpo.log"
+fi
+echo "== 3. Tool use (calculator episodes), $steps steps per stage"
+tool_model=(model.path=null "${model_args[@]}")
+[ -n "${QWEN05B_PATH:-}" ] && tool_model=("${model_args[@]}")
+if "$PY" -m unirl run configs/tool_calc_qwen2.5_0.5b_grpo.yaml "${tool_model[@]}" rollout.name=hf_generate \
+     "stages.0.steps=$steps" "stages.1.steps=$steps" stages.1.batch_size=16 eval.every="$steps" eval.size=32 \
+     checkpoint.every=0 run.dir="$out/tool" run.overwrite=true > "$out/tool.log" 2>&1; then
+  summary "$out/tool" grpo | tee -a "$out/summary.txt"
+  grep -o '"agent/tool_calls": [0-9.]*\|"eval/reward_mean": [0-9.]*' "$out/tool/metrics.jsonl" | tail -n 2 | tee -a "$out/summary.txt"
+else
+  failed=1; note "FAIL tool use"; tail -n 30 "$out/tool.log"
 fi
 exit $failed
