@@ -711,3 +711,20 @@ def test_conformance_cli_names_an_unknown_environment_and_exits_2(capsys):
     assert main(["conformance", "--environment", "calculatr"]) == 2
     err = capsys.readouterr().err
     assert "calculatr" in err and "calculator" in err
+
+
+def test_environment_recipe_errors_exit_2_naming_the_key(tmp_path, capsys):
+    """Before anything is built: options without an environment, Ray rollout workers, bad policy values."""
+    from tests.conftest import ROOT
+    from unirl.cli import main
+
+    recipe = str(ROOT / "configs" / "tool_calc_tiny.yaml")
+    cases = [(["environment={name: null, max_turns: 3}"], "environment.max_turns is set but environment.name is null"),
+             (["distributed.ray.enabled=true"], "Ray rollout workers do not run them"),
+             (["environment.max_turns=0"], "max_turns=0 must be at least 1"),
+             (["environment.on_error=ignore"], "on_error='ignore': use one of fail, end_episode"),
+             (["environment.name=calculatr"], "calculator")]
+    for overrides, message in cases:
+        assert main(["run", recipe, *overrides, f"run.dir={tmp_path / 'r'}"]) == 2, overrides
+        assert message in capsys.readouterr().err.replace("\n", " "), (overrides, message)
+    assert not (tmp_path / "r").exists()

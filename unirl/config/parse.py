@@ -191,7 +191,8 @@ def _swap_component(cfg: Any, key: str, value: Any) -> None:
     if section not in COMPONENT_SECTIONS or leaf not in ("", "name"):
         return
     new = value.get("name") if leaf == "" and isinstance(value, dict) else value if leaf == "name" else None
-    if section == "environment" and leaf == "name" and new is None:  # back to single-turn: no options left
+    named_none = leaf == "name" or (leaf == "" and isinstance(value, dict) and "name" in value)
+    if section == "environment" and new is None and named_none:  # back to single-turn: no options left
         cfg[section] = {"name": None}
         return
     if not isinstance(new, str) or new == cfg[section].get("name"):

@@ -41,6 +41,7 @@ def validate_recipe(cfg: DictConfig, host: Any) -> None:
                           "algorithm.loss_norm_length (the rollout gives no max_new_tokens to default to).",
                           key="algorithm.loss_norm_length", value=None)
     _check_capabilities(cfg, backend_reg, registry)
+    _check_environment(cfg, backend_reg, registry)
     _check_eval(cfg, backend_reg, registry)
     _check_model_path(cfg)
 
@@ -256,11 +257,15 @@ def _engine_backends(registry: Any) -> list[str]:
     return [r.name for r in registry.entries["backend"].values() if r.spec is not None and r.spec.offers("engine")]
 
 
-def _check_environment(cfg: Any, backend_reg: Any, registry: Any, trainer_mode: bool) -> None:
-    """Multi-turn episodes (``environment.name``) run in unirl's rl step on its in-process engine."""
+def _check_environment(cfg: Any, backend_reg: Any, registry: Any) -> None:
+    """Multi-turn episodes (``environment.name``) run in unirl's rl step on its in-process engine, or in
+    a trainer-mode backend that declares it maps them (``Capabilities.environments``)."""
+    from unirl.contract import run_mode
+
     name = cfg.environment.get("name")
     if name is None or not any(st.type == "rl" for st in cfg.stages):
         return
+    trainer_mode = run_mode(cfg, backend_reg) == "trainer"
     caps = backend_reg.capabilities
     if trainer_mode and not (caps is not None and caps.environments):
         engines = _engine_backends(registry)
@@ -306,7 +311,6 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
                           f"{backend_reg.name!r} runs in trainer mode: the framework's own loop trains on every "
                           f"group it scores. Use reward.on_error=zero (or fail), or an engine-mode backend "
                           f"({', '.join(engines)}).", key="reward.on_error", value="skip_group")
-    _check_environment(cfg, backend_reg, registry, trainer_mode)
     for dim, what in PARALLEL_DIMS.items():  # the layout, before any rank starts
         size, largest = cfg.parallel[dim], caps.parallel.get(dim, 1)
         if largest is not None and size > largest:
