@@ -97,10 +97,12 @@ class Episode:
         self.append(obs, model=False)
 
 
-def episode_seed(seed: int, group: int, sample: int) -> int:
-    """The seed of one episode (``Environment.reset``): the same for the same run seed, group index
-    and sample, so a resumed run's episodes start as the uninterrupted run's did."""
-    digest = hashlib.blake2b(f"{seed}:{group}:{sample}".encode(), digest_size=8).digest()
+def episode_seed(seed: int, group: int, sample: int, turn: int | None = None) -> int:
+    """The seed of one episode (``Environment.reset``), or of one of its turns (an engine seeding each
+    request, vLLM): the same for the same run seed, group index, sample and turn, so a resumed run's
+    episodes play as the uninterrupted run's did."""
+    key = f"{seed}:{group}:{sample}" if turn is None else f"{seed}:{group}:{sample}:turn{turn}"
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % (2**31 - 1)
 
 
@@ -188,7 +190,7 @@ class MultiTurnRollout:
         stops = list(dict.fromkeys([*params.stop, *(s for ep in active for s in getattr(ep.env, "stop", []))]))
         room = max(budget - len(ep.response_ids) for ep in active)
         turn_params = replace(params, n=1, stop=stops, max_new_tokens=min(params.max_new_tokens, room))
-        seeds = [episode_seed(self.seed, ep.group, ep.sample * 1000 + turn + 1) for ep in active]
+        seeds = [episode_seed(self.seed, ep.group, ep.sample, turn) for ep in active]
         outputs = self.engine.generate_ids([ep.prompt_ids + ep.response_ids for ep in active], turn_params, seeds)
         for ep, (ids, logprobs) in zip(active, outputs, strict=True):
             ep.take_turn(ids, logprobs, budget=budget, last=last, tokenizer=self.tokenizer,
