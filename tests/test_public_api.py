@@ -119,3 +119,13 @@ def test_no_core_module_imports_from_a_higher_layer():
     upward = [f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)})"
               for m, targets in _import_graph().items() for t in sorted(targets) if _layer(t) > _layer(m)]
     assert not upward, "imports that climb back up a layer:\n" + "\n".join(sorted(upward))
+
+
+def test_every_core_package_is_in_the_distribution():
+    """pyproject.toml lists the core's packages by name: a new folder left out installs nowhere but
+    the source tree (scripts/check_backend_dist.sh would fail on a wheel without it)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "unirl").rglob("__init__.py")}
+    assert on_disk - listed == set(), f"packages missing from pyproject.toml [tool.setuptools].packages: {on_disk - listed}"
