@@ -48,7 +48,8 @@ class RecipeConfigured(NativeBackend):
     math: not the reference itself, so L0 and L1 check it like any framework's."""
 
     def translate(self, recipe):
-        return {"stages": OmegaConf.to_container(recipe.stages), "algorithm": OmegaConf.to_container(recipe.algorithm)}
+        return {"stages": OmegaConf.to_container(recipe.stages), "algorithm": OmegaConf.to_container(recipe.algorithm),
+                "trainer": OmegaConf.to_container(recipe.trainer)}
 
     def read_back(self, native):
         from unirl.capabilities import recipe_knobs
@@ -98,8 +99,10 @@ def test_wrong_aggregation_fails_l1_and_l2_with_the_error_size(wrong_plugin):
     assert l1.max_abs > 1e-3 and "abs <= 1e-06" in l1.tolerance
     assert ("L1", "policy_loss", (("algorithm.loss_agg", "token_mean"),)) in failed
     l2 = [r for k, r in failed.items() if k[0] == "L2"]
-    # rl_step with token_mean, and the critic step, whose PPO update runs with the default token_mean
-    assert [r.knobs.get("algorithm.loss_agg", r.check) for r in l2] == ["token_mean", "critic_step"]
+    # rl_step with token_mean, rl_step with policy_loss=cispo (its check aggregates with token_mean), and
+    # the critic step, whose PPO update runs with the default token_mean
+    assert [r.knobs.get("algorithm.loss_agg", r.check) for r in l2] == ["token_mean", "token_mean", "critic_step"]
+    assert l2[1].knobs["algorithm.policy_loss"] == "cispo"
     assert l2[0].max_rel > 1e-3 and "loss: abs" in l2[0].reason
     # everything it does right still passes
     assert results[("L1", "aggregate", (("algorithm.loss_agg", "seq_mean_token_sum"),))].status == "passed"
@@ -114,9 +117,9 @@ def test_cli_shows_failures_and_exits_1(wrong_plugin, tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["backend"] == "wrong" and data["summary"]["passed"] > 20
     bad = [r for r in data["results"] if r["status"] == "failed"]
-    # exactly the checks that aggregate with token_mean: the plain ones and those of KL-in-loss,
-    # dual clip and entropy, which run on the token_mean policy loss
-    assert len(bad) == data["summary"]["failed"] == 5
+    # exactly the checks that aggregate with token_mean: the plain ones, those of KL-in-loss, dual clip and
+    # entropy, which run on the token_mean policy loss, and the policy_loss=ppo and cispo ones (token_mean too)
+    assert len(bad) == data["summary"]["failed"] == 7
     assert all(r["knobs"]["algorithm.loss_agg"] == "token_mean" and r["max_abs"] > 1e-3 for r in bad)
     assert {r["check"] for r in bad} == {"aggregate", "policy_loss"}
 

@@ -46,7 +46,8 @@ def test_demo_recipe_parses_as_train_ppo_ray_arguments(tmp_path):
     assert (args.ds.zero_stage, args.ds.attn_implementation, args.rollout.max_new_tokens) == (0, "sdpa", 4)
     assert set(backend.read_back(native)) == {
         ("stages.type", "sft"), ("stages.type", "rl"), ("algorithm.advantage", "grpo"),
-        ("algorithm.loss_agg", "token_mean"), ("algorithm.norm_adv_by_std", True), ("kl.placement", "in_loss"),
+        ("algorithm.loss_agg", "token_mean"), ("algorithm.policy_loss", "ppo"), ("algorithm.norm_adv_by_std", True),
+        ("kl.placement", "in_loss"),
         ("algorithm.kl_loss_estimator", "k3")}
 
 

@@ -46,7 +46,8 @@ def test_demo_recipe_composes_into_verls_main_ppo_config(tmp_path):
     assert grpo.actor_rollout_ref.model.path == str(tmp_path / "run" / "base_model")
     assert set(backend.read_back(native)) == {
         ("stages.type", "sft"), ("stages.type", "rl"), ("algorithm.advantage", "grpo"),
-        ("algorithm.loss_agg", "token_mean"), ("algorithm.norm_adv_by_std", True), ("kl.placement", "in_loss"),
+        ("algorithm.loss_agg", "token_mean"), ("algorithm.policy_loss", "ppo"), ("algorithm.norm_adv_by_std", True),
+        ("kl.placement", "in_loss"),
         ("algorithm.kl_loss_estimator", "k3")}
 
 

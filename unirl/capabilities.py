@@ -31,6 +31,7 @@ CANONICAL_KNOBS: dict[str, tuple[Any, ...]] = {
     "algorithm.advantage": choices.ADVANTAGE,
     "algorithm.norm_adv_by_std": (True, False),
     "algorithm.loss_agg": choices.LOSS_AGG,
+    "algorithm.policy_loss": choices.POLICY_LOSSES,
     "kl.placement": ("in_loss", "in_reward"),
     "algorithm.kl_loss_estimator": choices.KL_ESTIMATORS,
     "algorithm.kl_reward_estimator": choices.KL_ESTIMATORS,
@@ -38,10 +39,22 @@ CANONICAL_KNOBS: dict[str, tuple[Any, ...]] = {
     "algorithm.dual_clip": (ON,),
     "algorithm.tis_cap": (ON,),
     "algorithm.entropy_coef": (ON,),
+    "algorithm.dynamic_sampling": (ON,),
+    "algorithm.overlong_buffer": (ON,),
     "algorithm.value_clip": (ON,),
     "algorithm.dpo_loss": choices.DPO_LOSSES,
+    "trainer.max_tokens_per_micro_batch": (ON,),
     "algorithm.label_smoothing": (ON,),
 }
+
+#: knobs added after backends began declaring their knobs: knob -> (the value every backend computed
+#: before it existed, the release that added it). A backend whose ``knobs`` table lists other knobs
+#: but not this one supports only that value (a recipe asking for another is refused, naming the knob),
+#: never a silent run of the old computation under the new name.
+LATER_KNOBS: dict[str, tuple[Any, str]] = {"algorithm.policy_loss": ("ppo", "unirl 0.4"),
+                                           "algorithm.dynamic_sampling": ("off", "unirl 0.4"),
+                                           "algorithm.overlong_buffer": ("off", "unirl 0.4"),
+                                           "trainer.max_tokens_per_micro_batch": ("off", "unirl 0.4")}
 
 
 @dataclass(frozen=True)
@@ -105,6 +118,9 @@ class Capabilities:
 
     def support(self, key: str, value: Any) -> Support:
         values = self.knobs.get(key)
+        if values is None and key in LATER_KNOBS and self.knobs:
+            # a backend that declares its knobs but predates this one runs only the value it always computed
+            return Support.NATIVE if value == LATER_KNOBS[key][0] else Support.UNSUPPORTED
         if values is None:
             return Support.NATIVE
         return values.get(value, Support.UNSUPPORTED)
@@ -140,6 +156,8 @@ def recipe_knobs(recipe: Any) -> list[tuple[str, Any, Any]]:
     out: list[tuple[str, Any, Any]] = [("stages.type", t, t) for t in dict.fromkeys(types)]
     if "rl" in types:
         out += [("algorithm.advantage", a.advantage, a.advantage), ("algorithm.loss_agg", a.loss_agg, a.loss_agg)]
+        policy = a.get("policy_loss", "ppo")
+        out.append(("algorithm.policy_loss", policy, policy))
         if a.advantage == "grpo":
             out.append(("algorithm.norm_adv_by_std", a.norm_adv_by_std, a.norm_adv_by_std))
         if a.kl_loss_coef > 0:
@@ -150,11 +168,14 @@ def recipe_knobs(recipe: Any) -> list[tuple[str, Any, Any]]:
                     ("algorithm.kl_reward_estimator", a.kl_reward_estimator, a.kl_reward_estimator)]
         if a.kl_clamp is not None and (a.kl_loss_coef > 0 or a.kl_reward_coef > 0):
             out.append(("algorithm.kl_clamp", ON, a.kl_clamp))
-        for key in ("dual_clip", "entropy_coef", "tis_cap"):
+        for key in ("dual_clip", "entropy_coef", "tis_cap", "dynamic_sampling", "overlong_buffer"):
             if a[key]:
                 out.append((f"algorithm.{key}", ON, a[key]))
         if a.advantage == "gae" and a.value_clip is not None:
             out.append(("algorithm.value_clip", ON, a.value_clip))
+    budget = (recipe.get("trainer") or {}).get("max_tokens_per_micro_batch")
+    if budget:
+        out.append(("trainer.max_tokens_per_micro_batch", ON, budget))
     if "dpo" in types:
         out.append(("algorithm.dpo_loss", a.dpo_loss, a.dpo_loss))
         if a.label_smoothing:

@@ -68,6 +68,11 @@ REWARD_FAILED = "reward/failed"  # completions whose reward failed this step (re
 REWARD_SKIPPED_GROUPS = "reward/skipped_groups"  # groups left out of this step (reward.on_error=skip_group)
 SKIPPED_REWARD = "steps/skipped_reward"  # steps skipped so far because no group's reward succeeded (skip_group)
 SKIPPED_NONFINITE = "steps/skipped_nonfinite"  # steps skipped so far for a non-finite loss or gradient (engine mode)
+# DAPO's dynamic sampling (algorithm.dynamic_sampling): this step's groups of equal rewards left out, the
+# generation rounds it took, and dropped groups that filled the batch when the rounds ran out
+DYNAMIC_SAMPLING_DROPPED = "dynamic_sampling/dropped_groups"
+DYNAMIC_SAMPLING_ROUNDS = "dynamic_sampling/gen_rounds"
+DYNAMIC_SAMPLING_FILLED = "dynamic_sampling/filled_groups"
 # multi-turn episodes (environment.name): over the step's episodes
 AGENT_TURNS_MEAN = "agent/turns_mean"  # model turns per episode
 AGENT_TOOL_CALLS = "agent/tool_calls"  # tool calls the environments ran

@@ -13,7 +13,7 @@ import torch
 
 from unirl.algorithms.aggregation import aggregate_loss
 from unirl.algorithms.kl import kl_estimate
-from unirl.algorithms.policy_loss import clipped_policy_loss, clipped_value_loss
+from unirl.algorithms.policy_loss import clipped_value_loss, policy_loss_matrix
 from unirl.algorithms.preference import dpo_loss, pairwise_reward_loss
 
 
@@ -21,7 +21,7 @@ def policy_objective(*, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: to
                      advantages: torch.Tensor, mask: torch.Tensor, entropy: torch.Tensor | None, algo: Any,
                      normaliser: float, n_tokens: float, is_weights: torch.Tensor | None = None,
                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped policy loss + ``kl_loss_coef`` x KL (in the loss) - ``entropy_coef`` x entropy.
+    """Policy loss (``algo.policy_loss``, :func:`policy_loss_matrix`) + ``kl_loss_coef`` x KL (in the loss) - ``entropy_coef`` x entropy.
 
     Token tensors are [B, L] aligned to targets, ``advantages`` included. ``normaliser`` is
     the step-global normaliser of ``algo.loss_agg``; ``n_tokens`` the step-global response
@@ -29,8 +29,9 @@ def policy_objective(*, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: to
     ``is_weights`` (truncated importance sampling, :func:`truncated_is_weights`) multiply each
     token's clipped policy loss, not the KL or entropy terms.
     """
-    pg_mat, clipped = clipped_policy_loss(logp, old_logp, advantages, clip_low=algo.clip_low,
-                                          clip_high=algo.clip_high, dual_clip=algo.dual_clip)
+    pg_mat, clipped = policy_loss_matrix(getattr(algo, "policy_loss", "ppo"), logp, old_logp, advantages, mask,
+                                         clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
+                                         tau_pos=getattr(algo, "sapo_tau_pos", 1.0), tau_neg=getattr(algo, "sapo_tau_neg", 1.05))
     stats_is = {}
     if is_weights is not None:
         pg_mat = pg_mat * is_weights

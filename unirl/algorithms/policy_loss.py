@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -57,6 +59,62 @@ def clipped_policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: 
         loss = torch.where(capped, cap, loss)
         was_clipped = was_clipped | capped
     return loss, was_clipped.to(logp.dtype)
+
+
+def policy_loss_matrix(variant: str, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                       mask: torch.Tensor, *, clip_low: float, clip_high: float, dual_clip: float | None = None,
+                       tau_pos: float = 1.0, tau_neg: float = 1.05) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token loss [B, L] of ``algorithm.policy_loss = variant`` and a 0/1 matrix of the tokens a
+    clip bound held (docs/semantics.md, "Policy loss variants"; ``r_t = exp(logp_t - old_logp_t)``,
+    ``n_i`` the response tokens of row i, ``clip(x) = clamp(x, 1 - clip_low, 1 + clip_high)``):
+
+    - ``ppo``: :func:`clipped_policy_loss` (with ``dual_clip``);
+    - ``gspo``: ``s_i = exp(sum_t m_it log r_it / n_i)``, ``l_it = max(-s_i A_it, -clip(s_i) A_it)``,
+      the gradient flowing through every token of the row;
+    - ``gspo_token``: the same value with ``s_it = sg(s_i) r_it / sg(r_it)``: each token's gradient
+      is its own ``grad log p_t`` scaled by ``s_i`` (equal to gspo's when ``A`` is constant per row);
+    - ``cispo``: ``l_it = -sg(clip(r_it)) A_it log p_it``;
+    - ``gmpo``: per row, ``l_i = -Abar_i exp(sum_t m_it c_it / n_i)`` with ``Abar_i`` the row's mean
+      advantage and ``c_it = sign(A_it) min(sign(A_it) log r_it, sign(A_it) clamp(log r_it,
+      log(1 - clip_low), log(1 + clip_high)))``, put on every token of the row (so the
+      ``seq_mean_token_mean`` aggregation it takes is the mean over rows);
+    - ``sapo``: ``l_it = -A_it (4 / tau) sigmoid(tau (r_it - 1))``, ``tau = tau_pos`` if ``A_it > 0``
+      else ``tau_neg`` (no clip: the soft gate replaces it).
+    """
+    if variant == "ppo":
+        return clipped_policy_loss(logp, old_logp, advantages, clip_low=clip_low, clip_high=clip_high,
+                                   dual_clip=dual_clip)
+    if dual_clip is not None:
+        raise ValueError(f"dual_clip applies to policy_loss='ppo' only, not {variant!r}")
+    log_ratio = logp - old_logp
+    n = mask.sum(-1).clamp(min=1)
+    if variant in ("gspo", "gspo_token"):
+        log_s = (log_ratio * mask).sum(-1, keepdim=True) / n.unsqueeze(-1)
+        if variant == "gspo_token":
+            log_s = log_s.detach() + logp - logp.detach()
+        ratio = torch.exp(log_s).expand_as(logp)
+        unclipped = -ratio * advantages
+        clipped = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+        return torch.maximum(unclipped, clipped), (clipped > unclipped).to(logp.dtype)
+    if variant == "cispo":
+        ratio = torch.exp(log_ratio)
+        weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+        return -weight.detach() * advantages * logp, (weight != ratio).to(logp.dtype)
+    if variant == "gmpo":
+        low = math.log(1.0 - clip_low) if clip_low < 1 else -math.inf
+        bounded = torch.clamp(log_ratio, low, math.log1p(clip_high))
+        sign = torch.sign(advantages)
+        chosen = sign * torch.minimum(sign * log_ratio, sign * bounded)
+        ratio = torch.exp((chosen * mask).sum(-1) / n)
+        row_adv = (advantages * mask).sum(-1) / n
+        loss = (-row_adv * ratio).unsqueeze(-1).expand_as(logp)
+        return loss, (bounded != log_ratio).to(logp.dtype)
+    if variant == "sapo":
+        ratio = torch.exp(log_ratio)
+        tau = torch.where(advantages > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))
+        gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+        return -gate * advantages, torch.zeros_like(logp)
+    raise ValueError(f"unknown policy loss {variant!r}; allowed: ppo, gspo, gspo_token, cispo, gmpo, sapo")
 
 
 def truncated_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,

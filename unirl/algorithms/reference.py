@@ -14,6 +14,7 @@ import torch
 from unirl.algorithms.advantages import compute_advantages
 from unirl.algorithms.aggregation import aggregate_loss, step_normaliser
 from unirl.algorithms.kl import kl_estimate
+from unirl.algorithms.length_penalty import overlong_penalty
 from unirl.algorithms.objectives import policy_objective, value_objective
 from unirl.algorithms.policy_loss import truncated_is_weights
 from unirl.algorithms.preference import dpo_loss
@@ -49,6 +50,10 @@ class ReferenceMath:
                                    normaliser=step_normaliser(mask, algo.loss_agg, norm_length=norm_length),
                                    n_tokens=float(mask.sum().clamp(min=1)), is_weights=weights)
         return loss
+
+    def overlong_penalty(self, lengths: torch.Tensor, max_new_tokens: int, buffer: int, factor: float) -> torch.Tensor:
+        """The reward added to each response for its length (``algorithm.overlong_buffer``)."""
+        return overlong_penalty(lengths, max_new_tokens, buffer, factor)
 
     def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                    clip: float | None) -> torch.Tensor:

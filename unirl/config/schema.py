@@ -57,6 +57,9 @@ class TrainerSection:
     eps: float = 1e-8
     grad_clip: Optional[float] = 1.0  # max global L2 norm of gradients; null disables
     micro_batch_size: int = 64  # sequences per forward/backward; the loss normaliser stays global
+    # micro-batches by a token budget instead: consecutive sequences while rows x the longest one's
+    # length stays within it, each micro-batch cut to that length (rl, sft and cpt steps; null = off)
+    max_tokens_per_micro_batch: Optional[int] = None
 
 
 @dataclass
@@ -72,6 +75,9 @@ class AlgorithmSection:
     lam: float = 1.0  # gae: lambda
     whiten_advantages: bool = True  # gae: whiten advantages over the batch's response tokens
     # policy loss
+    policy_loss: str = "ppo"  # ppo | gspo | gspo_token | cispo | gmpo | sapo (docs/semantics.md)
+    sapo_tau_pos: float = 1.0  # sapo: gate temperature of tokens with A > 0
+    sapo_tau_neg: float = 1.05  # sapo: gate temperature of tokens with A <= 0
     loss_agg: str = "token_mean"
     loss_norm_length: Optional[int] = None  # seq_mean_token_sum_norm; null = rollout.max_new_tokens
     clip_low: float = 0.2  # ratio clipped to [1 - clip_low, 1 + clip_high]
@@ -87,6 +93,15 @@ class AlgorithmSection:
     kl_reward_coef: float = 0.0  # KL penalty subtracted from the per-token reward
     kl_reward_estimator: str = "k1"
     kl_clamp: Optional[float] = None  # clamp each KL estimate to [-c, c]; null = no clamp
+    # DAPO's dynamic sampling: groups whose rewards are all equal (zero advantage) are dropped and new
+    # prompts generated in their place until the step has batch_size groups, in at most
+    # dynamic_sampling_max_batches generation rounds (then the step fills up with dropped groups, counted)
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_batches: int = 10
+    # DAPO's overlong reward shaping: a response longer than rollout.max_new_tokens - overlong_buffer tokens
+    # gets -overlong_penalty x (excess / overlong_buffer) added to its reward; null = off
+    overlong_buffer: Optional[int] = None
+    overlong_penalty: float = 1.0
     # updates per rollout batch
     ppo_epochs: int = 1  # passes over each rollout batch
     mini_batches: int = 1  # optimizer steps per pass (the batch is split evenly)

@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
-from unirl.capabilities import Support, recipe_knobs
+from unirl.capabilities import LATER_KNOBS, Support, recipe_knobs
 from unirl.config import choices
 from unirl.config.parse import flatten, translate_error
 from unirl.config.schema import COMPONENT_SECTIONS, PARALLEL_DIMS, PARALLEL_OPTIONS
@@ -40,6 +40,7 @@ def validate_recipe(cfg: DictConfig, host: Any) -> None:
         raise ConfigError("algorithm.loss_agg='seq_mean_token_sum_norm' divides by a fixed length: set "
                           "algorithm.loss_norm_length (the rollout gives no max_new_tokens to default to).",
                           key="algorithm.loss_norm_length", value=None)
+    _check_dapo(cfg)
     _check_capabilities(cfg, backend_reg, registry)
     _check_environment(cfg, backend_reg, registry)
     _check_eval(cfg, backend_reg, registry)
@@ -47,6 +48,26 @@ def validate_recipe(cfg: DictConfig, host: Any) -> None:
 
 
 # --------------------------------------------------------------------------- values
+
+
+def _check_policy_loss(a: Any) -> None:
+    """The knobs each policy loss variant takes (docs/semantics.md, "Policy loss variants")."""
+    variant = a.policy_loss
+    if variant not in choices.POLICY_LOSSES:
+        return  # _one_of names the allowed values
+    if variant != "ppo" and a.dual_clip is not None:
+        raise ConfigError(f"algorithm.dual_clip={a.dual_clip!r} is dual-clip PPO's bound and applies to "
+                          f"algorithm.policy_loss=ppo only, not {variant!r}. Remove algorithm.dual_clip (null).",
+                          key="algorithm.dual_clip", value=a.dual_clip)
+    if variant in choices.SEQUENCE_POLICY_LOSSES:
+        if a.loss_agg != "seq_mean_token_mean":
+            raise ConfigError(f"algorithm.policy_loss={variant!r} is a loss per sequence averaged over sequences: "
+                              f"it takes algorithm.loss_agg=seq_mean_token_mean, not {a.loss_agg!r}.",
+                              key="algorithm.loss_agg", value=a.loss_agg)
+        if a.tis_cap is not None:
+            raise ConfigError(f"algorithm.tis_cap={a.tis_cap!r} weighs each token's loss, and "
+                              f"algorithm.policy_loss={variant!r} has one loss per sequence: set algorithm.tis_cap=null "
+                              f"or choose a token-level policy loss.", key="algorithm.tis_cap", value=a.tis_cap)
 
 
 def _one_of(key: str, value: Any, allowed: Sequence[str]) -> None:
@@ -75,26 +96,38 @@ def _check_finite(cfg: Any) -> None:
 def _check_values(cfg: Any) -> None:
     _check_finite(cfg)
     a = cfg.algorithm
+    _check_policy_loss(a)
     _one_of("resume", cfg.resume, choices.RESUME)
     _one_of("model.dtype", cfg.model.dtype, choices.DTYPES)
     _one_of("algorithm.advantage", a.advantage, choices.ADVANTAGE)
     _one_of("algorithm.loss_agg", a.loss_agg, choices.LOSS_AGG)
+    _one_of("algorithm.policy_loss", a.policy_loss, choices.POLICY_LOSSES)
     _one_of("algorithm.kl_loss_estimator", a.kl_loss_estimator, choices.KL_ESTIMATORS)
     _one_of("algorithm.kl_reward_estimator", a.kl_reward_estimator, choices.KL_ESTIMATORS)
     _one_of("algorithm.dpo_loss", a.dpo_loss, choices.DPO_LOSSES)
     _at_least("trainer.lr", cfg.trainer.lr, 0, strict=True)
     _at_least("trainer.micro_batch_size", cfg.trainer.micro_batch_size, 1)
+    _at_least("trainer.max_tokens_per_micro_batch", cfg.trainer.max_tokens_per_micro_batch, 1)
+    if cfg.trainer.max_tokens_per_micro_batch and cfg.parallel.dp > 1:
+        raise ConfigError(f"trainer.max_tokens_per_micro_batch={cfg.trainer.max_tokens_per_micro_batch} with "
+                          f"parallel.dp={cfg.parallel.dp}: ranks would run different numbers of micro-batches, and "
+                          f"sharded models gather their weights in every forward together. Use parallel.dp=1, or "
+                          f"trainer.micro_batch_size alone.", key="trainer.max_tokens_per_micro_batch",
+                          value=cfg.trainer.max_tokens_per_micro_batch)
     _at_least("trainer.grad_clip", cfg.trainer.grad_clip, 0, strict=True)
     _at_least("algorithm.group_size", a.group_size, 2 if a.advantage in choices.GROUP_ADVANTAGES else 1)
     _at_least("algorithm.adv_eps", a.adv_eps, 0)
     for key in ("kl_loss_coef", "kl_reward_coef", "clip_low", "clip_high", "entropy_coef", "lam", "gamma",
                 "label_smoothing"):
         _at_least(f"algorithm.{key}", a[key], 0)
-    for key in ("kl_clamp", "value_clip", "beta", "critic_lr"):
+    for key in ("kl_clamp", "value_clip", "beta", "critic_lr", "sapo_tau_pos", "sapo_tau_neg"):
         _at_least(f"algorithm.{key}", a[key], 0, strict=True)
     _at_least("algorithm.dual_clip", a.dual_clip, 1, strict=True)
     _at_least("algorithm.tis_cap", a.tis_cap, 1)
     _at_least("algorithm.loss_norm_length", a.loss_norm_length, 1)
+    _at_least("algorithm.overlong_buffer", a.overlong_buffer, 1)
+    _at_least("algorithm.overlong_penalty", a.overlong_penalty, 0)
+    _at_least("algorithm.dynamic_sampling_max_batches", a.dynamic_sampling_max_batches, 1)
     _at_least("algorithm.ppo_epochs", a.ppo_epochs, 1)
     _at_least("algorithm.mini_batches", a.mini_batches, 1)
     if a.gamma > 1 or a.lam > 1:
@@ -278,6 +311,32 @@ def _check_environment(cfg: Any, backend_reg: Any, registry: Any) -> None:
                           key="environment.name", value=name)
 
 
+def _check_dapo(cfg: Any) -> None:
+    """Dynamic sampling and overlong shaping against the rollout they act on."""
+    a = cfg.algorithm
+    if not any(st.type == "rl" for st in cfg.stages):
+        return
+    max_new = cfg.rollout.get("max_new_tokens")
+    if a.overlong_buffer is not None and (max_new is None or a.overlong_buffer > max_new):
+        raise ConfigError(f"algorithm.overlong_buffer={a.overlong_buffer} is the stretch before "
+                          f"rollout.max_new_tokens={max_new} where the length penalty grows: it must be at most "
+                          f"rollout.max_new_tokens.", key="algorithm.overlong_buffer", value=a.overlong_buffer)
+    if not a.dynamic_sampling:
+        return
+    if a.advantage not in choices.GROUP_ADVANTAGES:
+        raise ConfigError(f"algorithm.dynamic_sampling drops groups whose rewards are all equal, which have no "
+                          f"group-relative advantage; algorithm.advantage={a.advantage!r} is not group-relative. Use "
+                          f"one of {', '.join(choices.GROUP_ADVANTAGES)}, or algorithm.dynamic_sampling=false.",
+                          key="algorithm.dynamic_sampling", value=True)
+    from unirl.config.derived import rollout_policy
+
+    staleness = rollout_policy(cfg).max_staleness
+    if staleness:
+        raise ConfigError(f"algorithm.dynamic_sampling generates new prompts in the step for the groups it drops; "
+                          f"rollout.max_staleness={staleness} generates ahead of the step. Set one of them off.",
+                          key="algorithm.dynamic_sampling", value=True)
+
+
 def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
     caps = backend_reg.capabilities
     if caps is None:
@@ -286,10 +345,20 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
         if caps.support(key, value) is Support.UNSUPPORTED:
             others = [r.name for r in registry.entries["backend"].values()
                       if r.capabilities is not None and r.capabilities.support(key, value) is not Support.UNSUPPORTED]
-            raise CapabilityError(backend=backend_reg.name, key=key, value=shown, supported_by=others)
+            later = LATER_KNOBS.get(key)
+            reason = (f"it declares its knobs without {key}, which {later[1]} added: it computes {key}={later[0]!r} "
+                      f"only; its Capabilities.knobs must list {key} to run another value"
+                      if later and key not in caps.knobs else None)
+            raise CapabilityError(backend=backend_reg.name, key=key, value=shown, supported_by=others, reason=reason)
     from unirl.contract import run_mode
 
     trainer_mode = run_mode(cfg, backend_reg) == "trainer"
+    if trainer_mode and cfg.algorithm.dynamic_sampling and any(st.type == "rl" for st in cfg.stages):
+        engines = _engine_backends(registry)
+        raise ConfigError(f"algorithm.dynamic_sampling is unirl's rl step generating more prompts for the groups it "
+                          f"drops, but backend {backend_reg.name!r} runs in trainer mode: the framework's own loop "
+                          f"generates. Use an engine-mode backend ({', '.join(engines)}).",
+                          key="algorithm.dynamic_sampling", value=True)
     if trainer_mode and cfg.buffer.name != "memory" and any(st.type == "rl" for st in cfg.stages):
         engines = _engine_backends(registry)
         raise ConfigError(f"buffer.name={cfg.buffer.name!r} chooses what unirl's rl step trains on, but backend "

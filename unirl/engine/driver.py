@@ -428,6 +428,12 @@ class Driver:
         PhaseTimer.nvtx = bool(recipe.profile.nvtx)
         for deviation in self.deviations:
             self.console.print(f"[yellow]deviation:[/] {deviation.message(recipe.backend)}", highlight=False)
+        from unirl.algorithms.variants import named_algorithms
+
+        names = named_algorithms(recipe)
+        if names:
+            self.console.print(f"algorithm: {', '.join(n.name for n in names)} as knobs (docs/semantics.md, "
+                               f"\"Named algorithms as knob combinations\")", highlight=False)
         OmegaConf.save(recipe, run_dir / "config.yaml")
         self.host.hook.unirl_run_start(recipe=recipe, run_dir=str(run_dir))
         random.seed(recipe.seed)

@@ -73,6 +73,18 @@ class ReferenceTrainer:
         """Logits of model ``name`` (policy, reference, critic, reward_model) on one micro-batch."""
         return self.models.models[name](input_ids=ids, attention_mask=attn).logits
 
+    def _logits(self, name: str, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward`, on the micro-batch cut to its longest row when ``trainer.max_tokens_per_micro_batch``
+        is set (the logits padded back with zeros past it: positions no mask reaches)."""
+        if self.recipe.trainer.get("max_tokens_per_micro_batch"):
+            from unirl.models.micro_batching import trimmed_width
+
+            width = trimmed_width(attn)
+            if width < ids.shape[1]:
+                logits = self.forward(name, ids[:, :width], attn[:, :width])
+                return torch.nn.functional.pad(logits, (0, 0, 0, ids.shape[1] - width))
+        return self.forward(name, ids, attn)
+
     def backward(self, name: str, loss: torch.Tensor) -> None:
         """Accumulate the gradient of one micro-batch's ``loss`` (already divided by the step's normaliser)."""
         loss.backward()
@@ -141,8 +153,8 @@ class ReferenceTrainer:
         mask = batch.loss_mask[:, 1:].float()
         n_tokens = float(mask.sum().clamp(min=1))
         total = 0.0
-        for sl in self.models.micro_batches(len(batch)):
-            logits = self.forward("policy", batch.input_ids[sl], batch.attention_mask[sl])
+        for sl in self.models.micro_batches(len(batch), attention=batch.attention_mask):
+            logits = self._logits("policy", batch.input_ids[sl], batch.attention_mask[sl])
             loss = sft_objective(nll=sft_token_loss(logits, batch.input_ids[sl]), mask=mask[sl], n_tokens=n_tokens)
             self.backward("policy", loss)
             total += float(loss.detach())
@@ -160,7 +172,7 @@ class ReferenceTrainer:
 
     def _seq_logprob_sums(self, name: str, batch: SFTBatch, rows: list[int]) -> torch.Tensor:
         ids = batch.input_ids[rows]
-        logits = self.forward(name, ids, batch.attention_mask[rows])
+        logits = self._logits(name, ids, batch.attention_mask[rows])
         return (token_logprobs(logits, ids) * batch.loss_mask[rows, 1:].float()).sum(-1)
 
     def _dpo_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
@@ -200,16 +212,18 @@ class ReferenceTrainer:
 
     @torch.no_grad()
     def _token_logprobs(self, name: str, batch: RolloutBatch) -> torch.Tensor:
-        return torch.cat([token_logprobs(self.forward(name, batch.input_ids[sl], batch.attention_mask[sl]),
-                                         batch.input_ids[sl]) for sl in self.models.micro_batches(len(batch))])
+        return torch.cat([token_logprobs(self._logits(name, batch.input_ids[sl], batch.attention_mask[sl]),
+                                         batch.input_ids[sl])
+                          for sl in self.models.micro_batches(len(batch), attention=batch.attention_mask)])
 
     def _values(self, batch: RolloutBatch, sl: slice) -> torch.Tensor:
         # value of the state before target token t sits at position t - 1: [B, T-1]
-        return self.forward("critic", batch.input_ids[sl], batch.attention_mask[sl])[:, :-1, 0].float()
+        return self._logits("critic", batch.input_ids[sl], batch.attention_mask[sl])[:, :-1, 0].float()
 
     @torch.no_grad()
     def _all_values(self, batch: RolloutBatch) -> torch.Tensor:
-        return torch.cat([self._values(batch, sl) for sl in self.models.micro_batches(len(batch))])
+        return torch.cat([self._values(batch, sl)
+                          for sl in self.models.micro_batches(len(batch), attention=batch.attention_mask)])
 
     def _policy_loss(self, logits: torch.Tensor, batch: RolloutBatch, sl: slice, mask: torch.Tensor,
                      normaliser: Any, n_tokens: float) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -236,8 +250,8 @@ class ReferenceTrainer:
         sums: dict[str, float] = {}
         # trained once, on-policy: the train-inference gap of the sampled tokens, from this forward
         gap = batch.old_logprobs is None and batch.rollout_logprobs is not None
-        for sl in self.models.micro_batches(len(batch)):
-            logits = self.forward("policy", batch.input_ids[sl], batch.attention_mask[sl])
+        for sl in self.models.micro_batches(len(batch), attention=batch.attention_mask):
+            logits = self._logits("policy", batch.input_ids[sl], batch.attention_mask[sl])
             loss, stats = self._policy_loss(logits, batch, sl, mask, normaliser, n_tokens)
             self.backward("policy", loss)
             for k, v in stats.items():
@@ -254,7 +268,7 @@ class ReferenceTrainer:
         mask = batch.response_mask[:, 1:].float()
         n_tokens = float(mask.sum().clamp(min=1))
         sums: dict[str, float] = {}
-        for sl in self.models.micro_batches(len(batch)):
+        for sl in self.models.micro_batches(len(batch), attention=batch.attention_mask):
             loss, stats = value_objective(values=self._values(batch, sl), old_values=batch.values[sl],
                                           returns=batch.returns[sl], mask=mask[sl], clip=algo.value_clip,
                                           n_tokens=n_tokens)

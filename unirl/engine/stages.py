@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from unirl import metrics as M
+from unirl.algorithms.dynamic_sampling import varied_groups
+from unirl.algorithms.length_penalty import overlong_penalty
 from unirl.algorithms.policy_loss import truncated_is_weights
 from unirl.batch import RolloutBatch
 from unirl.config.derived import stage_needs
@@ -143,16 +145,66 @@ def logprob_mismatch(rollout_logprobs: torch.Tensor, trainer_logprobs: torch.Ten
             M.ROLLOUT_LOGPROB_DIFF_MAX: float(diff.max()) if diff.numel() else 0.0}
 
 
-def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
-    algo, trainer = c.recipe.algorithm, c.trainer
-    timer = PhaseTimer()
+def _generate_and_score(c: Components, prompts: int, timer: PhaseTimer) -> RolloutBatch:
+    """A rollout batch of ``prompts`` groups with its rewards (and ``algorithm.overlong_buffer``'s shaping)."""
+    algo = c.recipe.algorithm
     with timer("generate"):  # the batch requested max_staleness updates ago (0: now), and the next ones
-        rollout = c.queue.next(c.task, stage.batch_size, algo.group_size, c.steps_left)
-    staleness = c.queue.staleness_row(rollout)
+        rollout = c.queue.next(c.task, prompts, algo.group_size, c.steps_left)
     with timer("reward"):
         rollout.rewards = torch.tensor(c.reward(rollout.prompts, rollout.completions, **rollout.extras),
                                        dtype=torch.float32)
-    generated = rollout.response_mask.sum(-1).float()
+        if algo.overlong_buffer is not None:
+            penalty = getattr(c.math, "overlong_penalty", None) or overlong_penalty
+            rollout.rewards = rollout.rewards + penalty(rollout.response_mask.sum(-1), c.recipe.rollout.max_new_tokens,
+                                                        int(algo.overlong_buffer), float(algo.overlong_penalty))
+    return rollout
+
+
+def dynamic_sampling(c: Components, stage: Any, first: RolloutBatch, timer: PhaseTimer,
+                     ) -> tuple[RolloutBatch, list[RolloutBatch], dict[str, float]]:
+    """DAPO's dynamic sampling: the groups of ``first`` whose rewards vary, and groups of new prompts
+    generated for the ones dropped, until ``stage.batch_size`` groups or
+    ``algorithm.dynamic_sampling_max_batches`` generation rounds; short of that, dropped groups fill the
+    batch (oldest first). Returns the batch to train on, every batch generated, and the counts."""
+    algo = c.recipe.algorithm
+    kept: list[RolloutBatch] = []
+    dropped: list[RolloutBatch] = []
+    generated = [first]
+    batch, n_kept = first, 0
+    while True:
+        keep = set(varied_groups(batch.rewards, batch.group_index))
+        index = batch.group_index.tolist()
+        kept.append(batch.select([i for i, g in enumerate(index) if g in keep]))
+        dropped.append(batch.select([i for i, g in enumerate(index) if g not in keep]))
+        n_kept += len(keep)
+        if n_kept >= stage.batch_size or len(generated) >= algo.dynamic_sampling_max_batches:
+            break
+        batch = _generate_and_score(c, stage.batch_size - n_kept, timer)
+        generated.append(batch)
+    n_dropped = sum(len(set(d.group_index.tolist())) for d in dropped)
+    filled = 0
+    for d in dropped:  # rounds exhausted: whole dropped groups complete the batch, oldest first
+        for g in dict.fromkeys(d.group_index.tolist()):
+            if n_kept + filled >= stage.batch_size:
+                break
+            kept.append(d.select([i for i, x in enumerate(d.group_index.tolist()) if x == g]))
+            filled += 1
+    pad_id = getattr(getattr(c.rollout, "tokenizer", None), "pad_token_id", None) or 0
+    out = RolloutBatch.concat([k for k in kept if len(k)], pad_id)
+    return out, generated, {M.DYNAMIC_SAMPLING_DROPPED: float(n_dropped), M.DYNAMIC_SAMPLING_ROUNDS: float(len(generated)),
+                            M.DYNAMIC_SAMPLING_FILLED: float(filled)}
+
+
+def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
+    algo, trainer = c.recipe.algorithm, c.trainer
+    timer = PhaseTimer()
+    rollout = _generate_and_score(c, stage.batch_size, timer)
+    staleness = c.queue.staleness_row(rollout)
+    generated_batches, sampling_row = [rollout], {}
+    if algo.dynamic_sampling:
+        rollout, generated_batches, sampling_row = dynamic_sampling(c, stage, rollout, timer)
+    generated = torch.cat([b.response_mask.sum(-1).float() for b in generated_batches])
+    generated_rewards = torch.cat([b.rewards for b in generated_batches])
     skipped_groups = None
     if getattr(getattr(c.reward, "policy", None), "on_error", "fail") == "skip_group":
         skipped_groups = 0
@@ -218,12 +270,13 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
             row.update(part.take_counts())
     if kl is not None:
         row["kl/reward_mean"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
-    if len(batch) != len(rollout) or dropped:  # the buffer selected: the curve stays over what was generated
+    if len(batch) != len(generated_rewards) or dropped:  # selected: the curve stays over what was generated
         row.update({M.REWARD_TRAINED_MEAN: float(batch.rewards.mean()), M.BUFFER_TRAINED: float(len(batch)),
                     M.BUFFER_DROPPED: float(dropped)})
+    row.update(sampling_row)
     row.update({
-        M.REWARD_MEAN: float(rollout.rewards.mean()),
-        M.REWARD_STD: float(rollout.rewards.std()) if len(rollout) > 1 else 0.0,
+        M.REWARD_MEAN: float(generated_rewards.mean()),
+        M.REWARD_STD: float(generated_rewards.std()) if len(generated_rewards) > 1 else 0.0,
         "advantages/abs_mean": float((batch.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)),
         "response/length_mean": float(resp_tokens.mean()),
         M.TOKENS_GENERATED: float(generated.sum()),

@@ -88,9 +88,12 @@ class ModelSet:
         model.train(self.models[name].training)
         return model
 
-    def micro_batches(self, n: int, size: int | None = None) -> list[slice]:
+    def micro_batches(self, n: int, size: int | None = None, attention: torch.Tensor | None = None) -> list[slice]:
         """``trainer.micro_batch_size`` (or ``size``) slices covering ``n`` rows (the last may be
-        shorter); with ``world > 1``, only this rank's contiguous share of the ``n`` rows."""
+        shorter); with ``world > 1``, only this rank's contiguous share of the ``n`` rows. Given the
+        batch's ``attention`` mask and ``trainer.max_tokens_per_micro_batch``, slices by that token
+        budget instead (:func:`unirl.models.micro_batching.budget_slices`)."""
+        budget = self.recipe.trainer.get("max_tokens_per_micro_batch")
         size = size or self.recipe.trainer.micro_batch_size
         start = 0
         if self.world > 1:
@@ -101,6 +104,10 @@ class ModelSet:
                                   f"an equal share", key="parallel.dp", value=self.world)
             n //= self.world
             start = self.rank * n
+        if budget and attention is not None:
+            from unirl.models.micro_batching import budget_slices
+
+            return budget_slices(attention[start:start + n], int(budget), offset=start)
         return [slice(start + i, start + min(i + size, n)) for i in range(0, n, size)]
 
     def stepped(self, name: str) -> None:

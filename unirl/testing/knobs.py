@@ -10,6 +10,12 @@ RL_STAGE = "stages=[{name: rl, type: rl, steps: 2, batch_size: 4}]"
 DPO_STAGE = "stages=[{name: dpo, type: dpo, steps: 2, batch_size: 4}]"
 
 
+#: the aggregation each policy loss variant's checks use: one every backend claiming the variant runs
+#: (OpenRLHF's gspo and verl's and TRL's sapo fix seq_mean_token_mean, TRL's cispo token_mean; gmpo takes it)
+VARIANT_AGG = {"gspo": "seq_mean_token_mean", "gspo_token": "seq_mean_token_mean", "gmpo": "seq_mean_token_mean",
+               "sapo": "seq_mean_token_mean", "cispo": "token_mean"}
+
+
 def overrides_for(key: str, value: Any) -> list[str]:
     """Recipe overrides that switch on ``key=value`` (and nothing else unusual)."""
     if key == "stages.type":
@@ -37,6 +43,17 @@ def overrides_for(key: str, value: Any) -> list[str]:
     if key == "algorithm.advantage":
         extra = ["algorithm.group_size=2"] if value == "gae" else []
         return [RL_STAGE, f"{key}={value}", *extra]
+    if key == "algorithm.policy_loss":
+        extra = [f"algorithm.loss_agg={VARIANT_AGG[value]}"] if value in VARIANT_AGG else []
+        if value == "cispo":
+            extra.append("algorithm.clip_low=1.0")  # no lower bound: the cispo every framework computes
+        return [RL_STAGE, f"{key}={value}", *extra]
+    if key == "algorithm.dynamic_sampling":
+        return [RL_STAGE, "algorithm.dynamic_sampling=true"]
+    if key == "algorithm.overlong_buffer":
+        return [RL_STAGE, "algorithm.overlong_buffer=2", "algorithm.overlong_penalty=0.5"]
+    if key == "trainer.max_tokens_per_micro_batch":
+        return [RL_STAGE, "trainer.max_tokens_per_micro_batch=64"]
     if key == "algorithm.norm_adv_by_std":
         return [RL_STAGE, "algorithm.advantage=grpo", f"{key}={str(value).lower()}"]
     return [RL_STAGE, f"{key}={value}"]

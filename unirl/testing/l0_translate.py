@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from unirl.capabilities import recipe_knobs
+from unirl.capabilities import Support, recipe_knobs
 from unirl.errors import CapabilityError
 from unirl.testing.context import KitContext
 from unirl.testing.knobs import all_knob_values, overrides_for, shown
@@ -32,7 +32,8 @@ def check_translate(ctx: KitContext, key: str, value: object) -> CheckResult:
         return CheckResult(name, "L0", "error", knobs, reason=f"{type(exc).__name__}: {exc}")
     expected = {(k, v) for k, v, _ in recipe_knobs(recipe)}
     got_set = set(got)
-    missing = sorted(f"{k}={shown(v)}" for k, v in expected - got_set)
+    # an emulated value is computed by unirl around the framework: its config need not carry it
+    missing = sorted(f"{k}={shown(v)}" for k, v in expected - got_set if ctx.support(k, v) is not Support.EMULATED)
     # both ways: a knob the recipe does not set (or a second value of one it does) means the
     # framework was configured to do something the recipe did not ask for
     extra = sorted(f"{k}={shown(v)}" for k, v in got_set - expected)

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from functools import lru_cache, partial
 from typing import Any
 
-from unirl.capabilities import ON
+from unirl.capabilities import ON, Support
 from unirl.config import choices
 from unirl.testing.context import KitContext
-from unirl.testing.knobs import shown
+from unirl.testing.knobs import VARIANT_AGG, shown
 from unirl.testing.results import TOLERANCES, Case, CheckResult, compare
 
 B, L, GROUP = 6, 5, 3
@@ -46,6 +46,7 @@ def fixed_tensors() -> dict[str, Any]:
         "advantages": randn(B, L) * mask,
         "pi_c": randn(4) - 5, "pi_r": randn(4) - 5, "ref_c": randn(4) - 5, "ref_r": randn(4) - 5,
         "rollout_logp": logp + randn(B, L) * 0.8,  # drawn last; some ratios old / rollout above the cap of 2
+        "lengths": torch.tensor([0, 2, 4, 5, 6, 7, 8, 8]),  # response lengths around an overlong buffer of 4 in 8
     }
 
 
@@ -88,6 +89,35 @@ def _policy(algo: Any, t: dict[str, Any], ref: bool = False, entropy: bool = Fal
                                    t["mask"], t["entropy"] if entropy else None, L)
 
 
+
+
+def _fixed_value(ctx: KitContext, key: str, default: Any) -> Any:
+    """The value a backend hard-codes for ``key`` (any :class:`~unirl.capabilities.Fixed`), else ``default``."""
+    fixed = ctx.capabilities.fixed.get(key)
+    return fixed.value if fixed is not None else default
+
+
+def _policy_grad(algo: Any, t: dict[str, Any]) -> Callable[[Any], Any]:
+    """The policy loss and its gradient with respect to the log-probs, as one vector: variants that
+    share a value (gspo and gspo_token) or scale a detached weight (cispo) differ in the gradient."""
+    import torch
+
+    def call(m: Any) -> Any:
+        logp = t["logp"].clone().requires_grad_(True)
+        loss = m.policy_loss(algo, logp, t["old_logp"], None, t["advantages"], t["mask"], None, L)
+        (grad,) = torch.autograd.grad(loss, logp)
+        return torch.cat([loss.detach().reshape(1), grad.flatten()])
+    return call
+
+
+def _variant_spec(ctx: KitContext, t: dict[str, Any], variant: str) -> tuple[dict[str, Any], Callable[[Any], Any]]:
+    agg = VARIANT_AGG.get(variant) or _base_agg(ctx)
+    clip_low = _fixed_value(ctx, "algorithm.clip_low", 0.2) if variant == "cispo" else 0.2
+    knobs = {"algorithm.policy_loss": variant, "algorithm.loss_agg": agg, "algorithm.clip_low": clip_low,
+             "compared": "loss and d loss / d logp"}
+    return knobs, _policy_grad(make_algo(ctx, policy_loss=variant, loss_agg=agg, clip_low=clip_low), t)
+
+
 # Each entry: check name, gating knob, value, math method, and a builder (ctx, tensors) ->
 # (knobs shown, call(math) -> tensor).
 Builder = Callable[[KitContext, dict[str, Any]], tuple[dict[str, Any], Callable[[Any], Any]]]
@@ -100,6 +130,9 @@ def _specs() -> list[tuple[str, str, Any, str, Builder]]:
             {"algorithm.loss_agg": mode}, lambda m: m.aggregate(t["loss_mat"], t["mask"], mode, L))))
         specs.append(("policy_loss", "algorithm.loss_agg", mode, "policy_loss", lambda ctx, t, mode=mode: (
             {"algorithm.loss_agg": mode}, _policy(make_algo(ctx, loss_agg=mode), t))))
+    for variant in choices.POLICY_LOSSES:
+        specs.append(("policy_loss", "algorithm.policy_loss", variant, "policy_loss",
+                      lambda ctx, t, variant=variant: _variant_spec(ctx, t, variant)))
     for adv in choices.ADVANTAGE:
         specs.append(("advantages", "algorithm.advantage", adv, "advantages", lambda ctx, t, adv=adv: (
             {"algorithm.advantage": adv}, lambda m: m.advantages(make_algo(ctx, advantage=adv), t["scores"], t["mask"],
@@ -136,6 +169,9 @@ def _specs() -> list[tuple[str, str, Any, str, Builder]]:
         ("policy_loss", "algorithm.entropy_coef", ON, "policy_loss", lambda ctx, t: (
             {"algorithm.entropy_coef": 0.01, "algorithm.loss_agg": _base_agg(ctx)},
             _policy(make_algo(ctx, loss_agg=_base_agg(ctx), entropy_coef=0.01), t, entropy=True))),
+        ("overlong_penalty", "algorithm.overlong_buffer", ON, "overlong_penalty", lambda ctx, t: (
+            {"algorithm.overlong_buffer": 4, "algorithm.overlong_penalty": 0.5, "rollout.max_new_tokens": 8},
+            lambda m: m.overlong_penalty(t["lengths"], 8, 4, 0.5))),
         ("value_loss", "algorithm.value_clip", ON, "value_loss", lambda ctx, t: (
             {"algorithm.value_clip": 0.2},
             lambda m: m.value_loss(t["values"], t["old_values"], t["returns"], t["mask"], 0.2))),
@@ -161,9 +197,15 @@ def _check(ctx: KitContext, name: str, key: str, value: Any, method: str, build:
     knobs.update({f"algorithm.{k}": f"{v} (fixed by the framework)" for k, v in ctx.fixed_algorithm().items()
                   if k in _FIXED_SHOWN.get(name, ())})
     math = _math(ctx)
+    if (math is None or not hasattr(math, method)) and ctx.support(key, value) is Support.EMULATED:
+        return CheckResult(name, "L1", "skipped", knobs, reason=f"emulated: unirl's reference computes {key} around "
+                           f"the framework, which has no function of its own to compare")
     if math is None or not hasattr(math, method):
         what = "no math() adapter" if math is None else f"a math adapter without {method}()"
         return CheckResult(name, "L1", "failed", knobs, reason=f"the backend claims {key}={shown(value)} but has {what}")
+    names = getattr(math, "policy_loss_names", None)
+    if key == "algorithm.policy_loss" and names and value in names:
+        knobs["as"] = names[value]  # the framework's own name for the value
     try:
         got = call(math)
     except Exception as exc:  # noqa: BLE001

@@ -283,6 +283,31 @@ def _rl_case(ctx: KitContext, mode: str, layout: tuple[str, ...] = ()) -> CheckR
                        [Trained("policy", "loss/total", "grad/norm", _policy_loss)], layout)
 
 
+def _variant_case(ctx: KitContext, variant: str, layout: tuple[str, ...] = ()) -> CheckResult:
+    """One rl step with ``algorithm.policy_loss=variant`` (at the aggregation and, for cispo, the
+    clip_low every backend claiming it runs: :data:`unirl.testing.knobs.VARIANT_AGG`)."""
+    from unirl.errors import ConfigError
+    from unirl.testing.knobs import VARIANT_AGG
+    from unirl.testing.l1_math import _fixed_value
+
+    if not ctx.claims("stages.type", "rl"):
+        return ctx.skip("rl_step", _level(layout), "stages.type", "rl")
+    if not ctx.claims("algorithm.policy_loss", variant):
+        return ctx.skip("rl_step", _level(layout), "algorithm.policy_loss", variant)
+    agg = VARIANT_AGG.get(variant, "token_mean")
+    knobs: dict[str, Any] = {"algorithm.policy_loss": variant, "algorithm.loss_agg": agg}
+    if variant == "cispo":
+        knobs["algorithm.clip_low"] = _fixed_value(ctx, "algorithm.clip_low", 0.2)
+    overrides = ["stages=[{name: rl, type: rl, steps: 1, batch_size: 4}]", *(f"{k}={v}" for k, v in knobs.items())]
+    try:
+        ctx.recipe([*overrides, "trainer.micro_batch_size=2"])  # as the step runs (_step_check)
+    except ConfigError as exc:  # a combination the backend refuses with its reason (e.g. verl's gmpo micro-batches)
+        return CheckResult("rl_step", _level(layout), "skipped", knobs, reason=f"refused by the backend: {exc}")
+    return _step_check(ctx, "rl_step", knobs, overrides, "rl",
+                       lambda tok, m, r: _rl_batch(tok, m["policy"], r.algorithm),
+                       [Trained("policy", "loss/total", "grad/norm", _policy_loss)], layout)
+
+
 def _rm_loss(models: dict[str, Any], pairs: Any, recipe: Any) -> Any:
     from unirl.algorithms.objectives import reward_model_objective
 
@@ -364,5 +389,7 @@ def _critic_case(ctx: KitContext, layout: tuple[str, ...] = ()) -> CheckResult:
 def cases() -> list[Case]:
     return [*(Case(f"rl_step[algorithm.loss_agg={mode}]", "L2", partial(_rl_case, mode=mode))
               for mode in choices.LOSS_AGG),
+            *(Case(f"rl_step[algorithm.policy_loss={v}]", "L2", partial(_variant_case, variant=v))
+              for v in choices.POLICY_LOSSES if v != "ppo"),  # ppo: the loss_agg cases above
             *(Case(f"{stage}_step", "L2", partial(_stage_case, stage=stage)) for stage in ("sft", "dpo", "rm")),
             Case("critic_step", "L2", _critic_case)]

@@ -84,8 +84,8 @@ class ZeroModelSet(ModelSet):
         self.last_count = 0  # micro-batches of the latest micro_batches() call: the next step's backward passes
         super().__init__(recipe, model_path, tokenizer, make_stepper)
 
-    def micro_batches(self, n: int, size: int | None = None) -> list[slice]:
-        out = super().micro_batches(n, size)
+    def micro_batches(self, n: int, size: int | None = None, attention: torch.Tensor | None = None) -> list[slice]:
+        out = super().micro_batches(n, size, attention)
         self.last_count = len(out)
         return out
 

@@ -10,7 +10,8 @@ from unirl.contract import BackendSpec
 #: (stages.type=rm) and the critic (advantage=gae) are mbridge's scalar-head value models.
 #: ``parallel``: any tp, pp and dp (Megatron's own layouts), zero_stage 0 or 1 (1: Megatron's
 #: distributed optimizer, the optimizer states sharded over the dp ranks; docs/backends/megatron.md).
-CAPABILITIES = Capabilities(knobs=all_values(), parallel={"dp": None, "tp": None, "pp": None,
+# Megatron's micro-batches are its pipeline schedule's, a fixed number of equal ones: no token budget
+CAPABILITIES = Capabilities(knobs={**all_values(), "trainer.max_tokens_per_micro_batch": {}}, parallel={"dp": None, "tp": None, "pp": None,
                                                                          "zero_stage": (0, 1)})
 
 

@@ -120,13 +120,15 @@ def load() -> types.SimpleNamespace:
     """OpenRLHF's math and engine helpers, by short name: ``loss`` (PolicyLoss, DPOLoss,
     ValueLoss, SFTLoss, PairWiseLoss, aggregate_loss), ``utils`` (compute_approx_kl,
     compute_reward, compute_entropy, masked_mean), ``experience`` (Experience),
-    ``experience_maker`` (RemoteExperienceMaker), ``kl_controller``, ``loss_utils`` (the
+    ``experience_maker`` (RemoteExperienceMaker), ``kl_controller``, ``length_penalty``
+    (apply_overlong_penalty), ``loss_utils`` (the
     optimizer-step normaliser) and ``deepspeed_utils`` (the DeepSpeed config builders)."""
     with standins():
         return types.SimpleNamespace(**{short: importlib.import_module(f"openrlhf.{path}") for short, path in (
             ("loss", "models.loss"), ("utils", "models.utils"), ("experience", "trainer.ppo_utils.experience"),
             ("experience_maker", "trainer.ppo_utils.experience_maker"),
             ("kl_controller", "trainer.ppo_utils.kl_controller"), ("loss_utils", "utils.loss_utils"),
+            ("length_penalty", "trainer.ppo_utils.length_penalty"),
             ("deepspeed_utils", "utils.deepspeed.deepspeed_utils"))})
 
 

@@ -13,6 +13,7 @@ the translated arguments (:func:`unirl_backends.openrlhf.translate.ppo_argv`):
 - ``kl``: ``openrlhf.models.utils.compute_approx_kl`` (its ±10 clamp included);
 - ``policy_loss``: ``PolicyLoss`` plus the KL loss and entropy bonus combined as
   ``ppo_actor.py`` (``PolicyActor.training_step``) combines them;
+- ``overlong_penalty``: ``apply_overlong_penalty`` (``--reward.overlong_buffer_len``);
 - ``value_loss``, ``dpo_loss``: ``ValueLoss``, ``DPOLoss``.
 """
 
@@ -97,6 +98,9 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 class OpenRLHFMath:
+    #: OpenRLHF's name for each policy loss it computes (conformance tables show it)
+    policy_loss_names = {"ppo": "--actor.policy_loss_type ppo", "gspo": "--actor.policy_loss_type gspo"}
+
     def __init__(self, recipe: Any = None) -> None:
         load()
         self._args: tuple[Any, Any] | None = None  # (algorithm section, its parsed OpenRLHF arguments)
@@ -146,6 +150,13 @@ class OpenRLHFMath:
                     norm_length: int, rollout_logp: torch.Tensor | None = None) -> torch.Tensor:
         return policy_actor_loss(ppo_args(algo), logp, old_logp, ref_logp, advantages, mask, entropy,
                                  rollout_logp=rollout_logp)[0]
+
+    def overlong_penalty(self, lengths: torch.Tensor, max_new_tokens: int, buffer: int, factor: float) -> torch.Tensor:
+        """``apply_overlong_penalty`` (trainer/ppo_utils/length_penalty.py), as the trainer calls it on its
+        experiences (``--reward.overlong_buffer_len``), on one experience holding ``lengths`` and zero rewards."""
+        experience = types.SimpleNamespace(response_length=lengths, rewards=torch.zeros(len(lengths), dtype=torch.float64))
+        load().length_penalty.apply_overlong_penalty([experience], max_new_tokens, buffer, factor)
+        return experience.rewards.float()
 
     def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                    clip: float | None) -> torch.Tensor:

@@ -15,7 +15,7 @@ from unirl.capabilities import ON, Capabilities, Fixed, Support
 from unirl.contract import BackendSpec
 from unirl.subprocess_stage import missing_on_this_machine, refused_stages
 
-N = Support.NATIVE
+N, E = Support.NATIVE, Support.EMULATED
 _RL = ("stages.type", "rl")
 _EM = "openrlhf/trainer/ppo_utils/experience_maker.py"
 
@@ -28,6 +28,8 @@ CAPABILITIES = Capabilities(
         # unirl's with the unbiased one: unsupported.
         "algorithm.advantage": {"grpo": N, "rloo": N},
         "algorithm.norm_adv_by_std": {True: N, False: N},  # group_norm / dr_grpo
+        # --actor.policy_loss_type ppo | gspo (PolicyLoss: GSPO's sequence ratio, gradient through the row)
+        "algorithm.policy_loss": {"ppo": N, "gspo": N},
         # --actor.loss_agg_mode has token-mean and seq-mean-token-mean only
         "algorithm.loss_agg": {"token_mean": N, "seq_mean_token_mean": N},
         # --algo.kl.use_loss with --algo.kl.init_coef. In the reward, OpenRLHF normalises the
@@ -41,6 +43,11 @@ CAPABILITIES = Capabilities(
         "algorithm.dual_clip": {ON: N},
         "algorithm.tis_cap": {ON: N},  # PolicyLoss is_correction_level=token, mode=clip, threshold (0, C)  # --actor.dual_clip
         "algorithm.entropy_coef": {ON: N},  # --actor.entropy_coef
+        "algorithm.overlong_buffer": {ON: N},  # --reward.overlong_buffer_len (apply_overlong_penalty)
+        # unirl's loop drops groups of equal rewards; OpenRLHF's --algo.dynamic_filtering_enable keeps a group
+        # whose mean reward is inside an open range (samples_generator.py:169-183), which differs for non-binary
+        # rewards: engine mode only
+        "algorithm.dynamic_sampling": {ON: E},
         "algorithm.value_clip": {},  # only with gae (unsupported)
         "algorithm.dpo_loss": {"sigmoid": N, "ipo": N},  # --model.ipo_enable
         "algorithm.label_smoothing": {ON: N},  # --model.label_smoothing (cDPO)
@@ -60,6 +67,22 @@ CAPABILITIES = Capabilities(
     parallel={"dp": 1, "zero_stage": (0, 1, 2)},
     environments=True,  # trainer mode: the environment as OpenRLHF's agent function (unirl_backends.openrlhf.agent)
 )
+
+
+def _gspo(recipe: Any) -> str | None:
+    """What OpenRLHF's GSPO cannot take (openrlhf/models/loss.py, ``PolicyLoss``)."""
+    if recipe is None or recipe.algorithm.get("policy_loss") != "gspo":
+        return None
+    a = recipe.algorithm
+    if a.loss_agg != "seq_mean_token_mean":
+        return (f"algorithm.policy_loss=gspo with algorithm.loss_agg={a.loss_agg!r}: OpenRLHF's PolicyLoss sets "
+                f"token_level_loss=False for gspo (openrlhf/models/loss.py:152), i.e. seq_mean_token_mean. Set "
+                f"algorithm.loss_agg=seq_mean_token_mean.")
+    if a.tis_cap is not None:
+        return (f"algorithm.policy_loss=gspo with algorithm.tis_cap={a.tis_cap}: OpenRLHF's GSPO replaces the ratio "
+                f"by one against the rollout's log-probs when a correction is on (openrlhf/models/loss.py:191-192) "
+                f"instead of weighting each token's loss. Set algorithm.tis_cap=null.")
+    return None
 
 
 @dataclass
@@ -97,8 +120,9 @@ class OpenRLHFOptions:
             return f"param_dtype={cfg.param_dtype!r}; allowed: 'bf16', 'fp16' (or empty: model.dtype)."
         if cfg.n_gpus_per_node < 1:
             return f"n_gpus_per_node={cfg.n_gpus_per_node} must be >= 1."
-        if cfg.mode != "trainer":
-            return None
+        problem = _gspo(recipe)
+        if problem or cfg.mode != "trainer":
+            return problem
         problem = refused_stages(recipe, {"rl": "OpenRLHF's train_ppo_ray", "dpo": "OpenRLHF's train_dpo"},
                                  "openrlhf")
         if problem or cfg.dry_run:

@@ -33,6 +33,15 @@ def estimator(algo: Any) -> str:
             "gae": "gae"}[algo.advantage]
 
 
+def policy_loss_type(algo: Any) -> str:
+    """unirl policy loss -> --actor.policy_loss_type (OpenRLHF's PolicyLoss has ppo and gspo)."""
+    variant = algo.get("policy_loss", "ppo")
+    if variant not in ("ppo", "gspo"):
+        raise ConfigError(f"algorithm.policy_loss={variant!r} has no --actor.policy_loss_type in OpenRLHF; allowed: "
+                          f"ppo, gspo", key="algorithm.policy_loss", value=variant)
+    return variant
+
+
 def kl_settings(algo: Any) -> tuple[bool, float, str]:
     """(``--algo.kl.use_loss``, ``--algo.kl.init_coef``, ``--algo.kl.estimator``): OpenRLHF has one
     coefficient and one estimator, in the loss or in the reward."""
@@ -52,7 +61,8 @@ def ppo_argv(algo: Any, *, trainer: Any = None, rollout: Any = None, stage: Any 
     argv = ["--algo.advantage.estimator", estimator(algo), "--algo.advantage.gamma", str(algo.gamma),
             "--algo.advantage.lambd", str(algo.lam), "--algo.kl.estimator", est, "--algo.kl.init_coef", str(coef),
             "--actor.eps_clip_low_high", str(algo.clip_low), str(algo.clip_high),
-            "--actor.loss_agg_mode", LOSS_AGG[algo.loss_agg], "--actor.entropy_coef", str(float(algo.entropy_coef)),
+            "--actor.loss_agg_mode", LOSS_AGG[algo.loss_agg], "--actor.policy_loss_type", policy_loss_type(algo),
+            "--actor.entropy_coef", str(float(algo.entropy_coef)),
             "--rollout.n_samples_per_prompt", str(algo.group_size), "--train.max_epochs", str(algo.ppo_epochs),
             "--actor.model_name_or_path", model_path, "--data.prompt_dataset", data_path,
             "--data.input_key", "prompt", "--data.label_key", "answer", "--train.seed", str(seed),
@@ -66,6 +76,9 @@ def ppo_argv(algo: Any, *, trainer: Any = None, rollout: Any = None, stage: Any 
         argv += ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "clip",
                  "--algo.advantage.is_correction_gating", "ratio", "--algo.advantage.is_correction_threshold", "0",
                  str(algo.tis_cap)]
+    if algo.get("overlong_buffer") is not None:  # trainer/ppo_utils/length_penalty.py: apply_overlong_penalty
+        argv += ["--reward.overlong_buffer_len", str(algo.overlong_buffer),
+                 "--reward.overlong_penalty_factor", str(float(algo.overlong_penalty))]
     if algo.value_clip is not None:
         argv += ["--critic.value_clip", str(algo.value_clip)]
     if trainer is not None:
@@ -150,7 +163,8 @@ def read_back(native: dict[str, Any]) -> list[tuple[str, Any]]:
             adv = {"group_norm": "grpo", "dr_grpo": "grpo", "rloo": "rloo", "reinforce": "reinforce_pp",
                    "reinforce_baseline": "reinforce_pp_baseline", "gae": "gae"}[est]
             out += [("stages.type", "rl"), ("algorithm.advantage", adv),
-                    ("algorithm.loss_agg", inv_agg[args.actor.loss_agg_mode])]
+                    ("algorithm.loss_agg", inv_agg[args.actor.loss_agg_mode]),
+                    ("algorithm.policy_loss", args.actor.policy_loss_type)]
             if adv == "grpo":
                 out.append(("algorithm.norm_adv_by_std", est == "group_norm"))
             if args.algo.kl.init_coef > 0:
@@ -164,6 +178,8 @@ def read_back(native: dict[str, Any]) -> list[tuple[str, Any]]:
                 out.append(("algorithm.tis_cap", ON))
             if args.actor.entropy_coef:
                 out.append(("algorithm.entropy_coef", ON))
+            if args.reward.overlong_buffer_len is not None:
+                out.append(("algorithm.overlong_buffer", ON))
             if adv == "gae" and args.critic.value_clip is not None:
                 out.append(("algorithm.value_clip", ON))
         else:  # train_dpo

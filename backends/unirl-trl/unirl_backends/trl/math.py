@@ -24,11 +24,17 @@ from typing import Any
 
 import torch
 
-_ALGO_KEYS = ("group_size", "advantage", "norm_adv_by_std", "adv_eps", "loss_agg", "clip_low", "clip_high",
+_ALGO_KEYS = ("group_size", "advantage", "norm_adv_by_std", "adv_eps", "loss_agg", "policy_loss", "sapo_tau_pos",
+              "sapo_tau_neg", "clip_low", "clip_high",
               "kl_loss_coef", "kl_loss_estimator", "beta", "dpo_loss", "label_smoothing")
 
 
 class TRLMath:
+    #: TRL's name for each policy loss it computes (conformance tables show it)
+    policy_loss_names = {"ppo": "loss_type by loss_agg", "gspo": "importance_sampling_level='sequence'",
+                         "cispo": "loss_type='cispo' (epsilon_high = 1 + clip_high, no lower bound)",
+                         "sapo": "loss_type='sapo'"}
+
     def __init__(self, recipe: Any = None) -> None:
         from unirl_backends.trl.trainer import quiet_trl
 
@@ -83,7 +89,8 @@ class TRLMath:
     # -------------------------------------------------------------- GRPO loss on fixed log-probs
 
     def _grpo_loss(self, trainer: Any, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
-                   advantages: torch.Tensor, mask: torch.Tensor, num_items: torch.Tensor | None = None) -> torch.Tensor:
+                   advantages: torch.Tensor, mask: torch.Tensor, num_items: torch.Tensor | None = None,
+                   keep_graph: bool = False) -> torch.Tensor:
         b, length = logp.shape
 
         def fixed_logps(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, **kwargs: Any) -> Any:
@@ -97,13 +104,15 @@ class TRLMath:
                   "num_items_in_batch": mask.sum() if num_items is None else num_items}
         if ref_logp is not None:
             inputs["ref_per_token_logps"] = ref_logp
-        return trainer.compute_loss(trainer.model, inputs).detach()
+        loss = trainer.compute_loss(trainer.model, inputs)
+        return loss if keep_graph else loss.detach()
 
     def policy_loss(self, algo: Any, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
                     advantages: torch.Tensor, mask: torch.Tensor, entropy: torch.Tensor | None,
                     norm_length: int) -> torch.Tensor:
         trainer = self._trainer(algo, logp.shape[0], norm_length)
-        return self._grpo_loss(trainer, logp, old_logp, ref_logp if algo.kl_loss_coef > 0 else None, advantages, mask)
+        return self._grpo_loss(trainer, logp, old_logp, ref_logp if algo.kl_loss_coef > 0 else None, advantages, mask,
+                               keep_graph=True)
 
     def aggregate(self, loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm_length: int) -> torch.Tensor:
         from unirl.config.derived import algorithm_section

@@ -25,6 +25,9 @@ CAPABILITIES = Capabilities(
         # GRPOTrainer computes group-relative advantages only (RLOO and PPO are other trainers).
         "algorithm.advantage": {"grpo": N},
         "algorithm.norm_adv_by_std": {True: N, False: N},  # scale_rewards="group" / "none"
+        # ppo: loss_type by loss_agg; gspo: importance_sampling_level="sequence"; cispo, sapo: loss_type
+        # (TRL's cispo bounds the ratio from above only: clip_low is fixed at 1, below)
+        "algorithm.policy_loss": {"ppo": N, "gspo": N, "cispo": N, "sapo": N},
         # loss_type: dapo (global token mean), grpo, luspo, dr_grpo
         "algorithm.loss_agg": {"token_mean": N, "seq_mean_token_mean": N, "seq_mean_token_sum": N,
                                "seq_mean_token_sum_norm": N},
@@ -40,6 +43,9 @@ CAPABILITIES = Capabilities(
         "algorithm.label_smoothing": {},  # TRL's sigmoid ignores it; its robust loss is a different formula
     },
     fixed={
+        "algorithm.clip_low": Fixed(1.0, "trl/trainer/grpo_trainer.py:3110: loss_type='cispo' clamps the ratio with "
+                                    "max=epsilon_high only (no lower bound, as clip_low >= 1)",
+                                    when=(_RL, ("algorithm.policy_loss", "cispo"))),
         "algorithm.adv_eps": Fixed(1e-4, "trl/trainer/grpo_trainer.py: advantages / (std_rewards + 1e-4)",
                                    when=(_RL, ("algorithm.norm_adv_by_std", True)), approximate=True),
         "rollout.temperature": Fixed(1.0, "TRL computes the policy log-probs from logits / temperature "
@@ -53,6 +59,23 @@ CAPABILITIES = Capabilities(
     },
     environments=True,  # the environment as GRPOTrainer's environment_factory (unirl_backends.trl.environment)
 )
+
+
+#: TRL loss types that are a policy loss and fix the aggregation (grpo_trainer.py:3153-3174)
+POLICY_LOSS_AGG = {"cispo": "token_mean", "sapo": "seq_mean_token_mean"}
+
+
+def _policy_loss_normaliser(recipe: Any) -> str | None:
+    """TRL's cispo and sapo are loss types, each with its own normaliser: cispo the step's token count
+    (as dapo), sapo the per-sequence mean (as grpo)."""
+    if recipe is None:
+        return None
+    variant, agg = recipe.algorithm.get("policy_loss", "ppo"), recipe.algorithm.loss_agg
+    want = POLICY_LOSS_AGG.get(variant)
+    if want is not None and agg != want:
+        return (f"algorithm.policy_loss={variant} with algorithm.loss_agg={agg}: TRL's loss_type={variant!r} "
+                f"normalises as {want} (trl/trainer/grpo_trainer.py:3153-3174). Set algorithm.loss_agg={want}.")
+    return None
 
 
 @dataclass
@@ -73,6 +96,9 @@ class TRLOptions:
             return f"vllm_mode={cfg.vllm_mode!r}; allowed: 'colocate', 'server'."
         if cfg.device not in ("auto", "cpu", "cuda"):
             return f"device={cfg.device!r}; allowed: 'auto', 'cpu', 'cuda'."
+        problem = _policy_loss_normaliser(recipe)
+        if problem:
+            return problem
         if not 0 < cfg.vllm_gpu_memory_utilization <= 1:
             return f"vllm_gpu_memory_utilization={cfg.vllm_gpu_memory_utilization} must be in (0, 1]."
         if cfg.use_vllm and cfg.device == "cpu":

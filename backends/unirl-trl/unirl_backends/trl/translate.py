@@ -14,6 +14,7 @@ from typing import Any
 from unirl.capabilities import ON
 from unirl.config.derived import loss_norm_length, stage_lr
 from unirl.errors import CapabilityError, ConfigError
+from unirl_backends.trl.plugin import POLICY_LOSS_AGG
 
 #: unirl loss_agg -> TRL GRPO loss_type, each with the same normaliser over a full step
 #: (dapo: the step's token count; grpo / luspo / dr_grpo: per micro-batch over equal-size
@@ -94,14 +95,35 @@ def stage_config(recipe: Any, stage: Any, *, output_dir: str, steps: int | None 
             num_generations=algo.group_size, steps_per_generation=acc, num_iterations=1, shuffle_dataset=False,
             temperature=recipe.rollout.get("temperature", 1.0),
             top_p=recipe.rollout.get("top_p", 1.0), top_k=recipe.rollout.get("top_k", 0),
-            loss_type=LOSS_TYPE[algo.loss_agg], scale_rewards="group" if algo.norm_adv_by_std else "none",
-            beta=algo.kl_loss_coef, use_bias_correction_kl=False, epsilon=algo.clip_low, epsilon_high=algo.clip_high,
+            scale_rewards="group" if algo.norm_adv_by_std else "none",
+            beta=algo.kl_loss_coef, use_bias_correction_kl=False, **_policy_loss(algo),
             entropy_coef=0.0, mask_truncated_completions=False, disable_dropout=False, log_completions=False,
             use_vllm=bool(opts.get("use_vllm", False)), vllm_mode=opts.get("vllm_mode", "colocate"),
             vllm_gpu_memory_utilization=opts.get("vllm_gpu_memory_utilization", 0.3),
             **{"max_completion_length": max_new, **_episodes(recipe)},
         )
     raise CapabilityError(backend="trl", key="stages.type", value=stage.type, supported_by=[])
+
+
+def _policy_loss(algo: Any) -> dict[str, Any]:
+    """``algorithm.policy_loss`` (and the aggregation) as GRPOConfig fields: ppo and gspo take the loss type
+    of ``loss_agg`` (gspo at ``importance_sampling_level="sequence"``); cispo and sapo are loss types.
+    TRL's cispo clamps the ratio at ``epsilon_high`` itself (grpo_trainer.py:3110), unirl's at
+    ``1 + clip_high``."""
+    variant = algo.get("policy_loss", "ppo")
+    out: dict[str, Any] = {"loss_type": LOSS_TYPE[algo.loss_agg], "epsilon": algo.clip_low,
+                           "epsilon_high": algo.clip_high, "importance_sampling_level": "token"}
+    if variant == "gspo":
+        out["importance_sampling_level"] = "sequence"
+    elif variant == "cispo":
+        out.update(loss_type="cispo", epsilon_high=1.0 + algo.clip_high)
+    elif variant == "sapo":
+        out.update(loss_type="sapo", sapo_temperature_pos=float(algo.sapo_tau_pos),
+                   sapo_temperature_neg=float(algo.sapo_tau_neg))
+    elif variant != "ppo":
+        raise CapabilityError(backend="trl", key="algorithm.policy_loss", value=variant,
+                              supported_by=[], reason="GRPOTrainer has no such loss_type")
+    return out
 
 
 def _episodes(recipe: Any) -> dict[str, Any]:
@@ -129,7 +151,10 @@ def read_back(native: dict[str, Any]) -> list[tuple[str, Any]]:
         if isinstance(config, trl.GRPOConfig):
             out += [("stages.type", "rl"), ("algorithm.advantage", "grpo"),
                     ("algorithm.norm_adv_by_std", config.scale_rewards != "none"),
-                    ("algorithm.loss_agg", LOSS_AGG.get(config.loss_type, f"trl:{config.loss_type}"))]
+                    ("algorithm.loss_agg", POLICY_LOSS_AGG.get(config.loss_type)
+                     or LOSS_AGG.get(config.loss_type, f"trl:{config.loss_type}")),
+                    ("algorithm.policy_loss", config.loss_type if config.loss_type in POLICY_LOSS_AGG else
+                     "gspo" if config.importance_sampling_level == "sequence" else "ppo")]
             if config.beta > 0:
                 out += [("kl.placement", "in_loss"),
                         ("algorithm.kl_loss_estimator", "k3_ratio_weighted" if config.use_bias_correction_kl else "k3")]

@@ -15,6 +15,7 @@ same object for advantages and KL in every ``rl`` step, so what L1 checks is wha
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -25,6 +26,10 @@ from unirl_backends.verl.runtime import import_verl
 #: unirl loss aggregation -> verl actor.loss_agg_mode
 LOSS_AGG = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean",
             "seq_mean_token_sum": "seq-mean-token-sum", "seq_mean_token_sum_norm": "seq-mean-token-sum-norm"}
+#: unirl policy loss -> verl actor.policy_loss.loss_mode (core_algos' registered losses). verl's
+#: ``gspo`` is GSPO's token form (core_algos.py:1589, ``log_prob - log_prob.detach() + sg(log s_i)``),
+#: so it is unirl's ``gspo_token``; unirl's ``gspo`` (the gradient through the whole row) has no verl loss.
+POLICY_LOSS = {"ppo": "vanilla", "gspo_token": "gspo", "cispo": "cispo", "gmpo": "geo_mean", "sapo": "sapo"}
 #: unirl advantage -> verl algorithm.adv_estimator
 ADVANTAGE = {"gae": "gae", "grpo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus",
              "reinforce_pp_baseline": "reinforce_plus_plus_baseline"}
@@ -36,14 +41,35 @@ KL = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
 NO_DUAL_CLIP = 1e9
 
 
-def actor_config(algo: Any, norm_length: int | None, *, micro_batch_size: int = 1, group_size: int = 1) -> Any:
-    """The ``ActorConfig`` verl's policy loss reads (clip ratios, dual clip, aggregation, KL, entropy)."""
-    import_verl()
-    from verl.workers.config import FSDPActorConfig
+def clip_ratios(algo: Any) -> tuple[float, float]:
+    """verl's ``(clip_ratio_low, clip_ratio_high)`` for unirl's ``clip_low`` / ``clip_high``. The same
+    numbers, except for gmpo: verl's ``geo_mean`` clamps the *log*-ratio to ``[-low, high]``
+    (core_algos.py:1978), so unirl's ratio bounds ``[1 - clip_low, 1 + clip_high]`` become
+    ``low = -log(1 - clip_low)``, ``high = log(1 + clip_high)``."""
+    if algo.get("policy_loss", "ppo") != "gmpo":
+        return float(algo.clip_low), float(algo.clip_high)
+    low = -math.log(1.0 - algo.clip_low) if algo.clip_low < 1 else math.inf
+    return low, math.log1p(algo.clip_high)
 
+
+def policy_loss_mode(algo: Any) -> str:
+    variant = algo.get("policy_loss", "ppo")
+    if variant not in POLICY_LOSS:
+        raise ValueError(f"verl has no policy loss computing unirl's {variant!r}")
+    return POLICY_LOSS[variant]
+
+
+def actor_config(algo: Any, norm_length: int | None, *, micro_batch_size: int = 1, group_size: int = 1) -> Any:
+    """The ``ActorConfig`` verl's policy loss reads (loss mode, clip ratios, dual clip, aggregation, KL, entropy)."""
+    import_verl()
+    from verl.workers.config import FSDPActorConfig, PolicyLossConfig
+
+    low, high = clip_ratios(algo)
     return FSDPActorConfig(
         strategy="fsdp2", rollout_n=group_size, ppo_micro_batch_size_per_gpu=micro_batch_size,
-        clip_ratio=algo.clip_low, clip_ratio_low=algo.clip_low, clip_ratio_high=algo.clip_high,
+        policy_loss=PolicyLossConfig(loss_mode=policy_loss_mode(algo)),
+        tau_pos=float(algo.get("sapo_tau_pos", 1.0)), tau_neg=float(algo.get("sapo_tau_neg", 1.05)),
+        clip_ratio=low, clip_ratio_low=low, clip_ratio_high=high,
         clip_ratio_c=float(algo.dual_clip) if algo.dual_clip is not None else NO_DUAL_CLIP,
         loss_agg_mode=LOSS_AGG[algo.loss_agg],
         loss_scale_factor=norm_length if algo.loss_agg == "seq_mean_token_sum_norm" else None,
@@ -92,6 +118,9 @@ def verl_advantages(algo: Any, token_rewards: torch.Tensor, mask: torch.Tensor, 
 
 
 class VerlMath:
+    #: verl's name for each policy loss it computes (conformance tables show it)
+    policy_loss_names = {k: f"actor.policy_loss.loss_mode={v}" for k, v in POLICY_LOSS.items()}
+
     def __init__(self, recipe: Any = None) -> None:
         import_verl()
 

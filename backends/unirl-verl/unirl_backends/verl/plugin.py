@@ -27,6 +27,8 @@ CAPABILITIES = Capabilities(
         # gae needs verl's value-model engine as the critic: not wired up yet.
         "algorithm.advantage": {"grpo": N, "rloo": N, "reinforce_pp": N, "reinforce_pp_baseline": N},
         "algorithm.norm_adv_by_std": {True: N, False: N},  # norm_adv_by_std_in_grpo
+        # actor.policy_loss.loss_mode: vanilla, gspo (GSPO's token form), cispo, geo_mean, sapo
+        "algorithm.policy_loss": {"ppo": N, "gspo_token": N, "cispo": N, "gmpo": N, "sapo": N},
         "algorithm.loss_agg": {"token_mean": N, "seq_mean_token_mean": N, "seq_mean_token_sum": N,
                                "seq_mean_token_sum_norm": N},  # actor.loss_agg_mode (+ loss_scale_factor)
         # in_loss: actor.use_kl_loss + kl_loss_coef inside verl's ppo_loss. in_reward: verl's
@@ -39,11 +41,18 @@ CAPABILITIES = Capabilities(
         "algorithm.dual_clip": {ON: N},
         "algorithm.tis_cap": {ON: N},  # rollout_correction (rollout_is=token) weights, applied in ppo_loss  # actor.clip_ratio_c
         "algorithm.entropy_coef": {ON: N},  # actor.entropy_coeff, aggregated like the loss
+        # unirl's loop (engine mode): verl 0.9.1's main_ppo has neither (DAPO's lives in verl's recipe/ folder,
+        # not in the wheel; filter_groups is read by the experimental v1 trainer only)
+        "algorithm.dynamic_sampling": {ON: E},
+        "algorithm.overlong_buffer": {ON: E},
         "algorithm.value_clip": {},
         "algorithm.dpo_loss": {},
         "algorithm.label_smoothing": {},
     },
     fixed={
+        "algorithm.loss_agg": Fixed("seq_mean_token_mean", f"{_ALGOS}:1689: compute_policy_loss_sapo aggregates with "
+                                    "seq-mean-token-mean whatever actor.loss_agg_mode",
+                                    when=(_RL, ("algorithm.policy_loss", "sapo"))),
         "algorithm.adv_eps": Fixed(1e-6, f"{_ALGOS}: compute_grpo_outcome_advantage(epsilon=1e-6); verl's trainer "
                                    "(ray_trainer.compute_advantage) passes no other value",
                                    when=(_RL, ("algorithm.advantage", "grpo"), ("algorithm.norm_adv_by_std", True)),
@@ -88,8 +97,13 @@ class VerlOptions:
         for key in ("n_gpus_per_node", "nnodes", "max_prompt_length"):
             if getattr(cfg, key) < 1:
                 return f"{key}={getattr(cfg, key)} must be >= 1."
-        if cfg.mode != "trainer":
-            return None
+        problem = _gmpo_micro_batches(recipe)
+        if problem or cfg.mode != "trainer":
+            return problem
+        if recipe is not None and recipe.algorithm.get("overlong_buffer") is not None:
+            return ("algorithm.overlong_buffer: verl's main_ppo has no overlong reward shaping (DAPO's reward "
+                    "manager lives in verl's recipe/ folder, not in the wheel); it runs in mode=engine, where unirl "
+                    "shapes the rewards.")
         problem = refused_stages(recipe, {"rl": "verl's main_ppo"}, "verl")
         if problem or cfg.dry_run:
             return problem
@@ -97,6 +111,26 @@ class VerlOptions:
                                        fix="run it on a GPU machine with them installed (scripts/gpu/verl.sh), use "
                                            "mode=engine here, or add backend_options.dry_run=true to write the files "
                                            "and print the command")
+
+
+def _gmpo_micro_batches(recipe: Any) -> str | None:
+    """verl's ``geo_mean`` loss is ``torch.mean`` over the micro-batch's rows (core_algos.py:2000), not
+    over the step's, and the engine sums the micro-batches' gradients (``forward_backward_batch``,
+    workers/engine/fsdp/transformer_impl.py:761-767): with k micro-batches per mini-batch the update is k
+    times GMPO's. Refused unless one micro-batch holds a rank's whole mini-batch."""
+    if recipe is None or recipe.algorithm.get("policy_loss") != "gmpo":
+        return None
+    a = recipe.algorithm
+    for stage in recipe.stages:
+        if stage.type != "rl":
+            continue
+        rows = stage.batch_size * a.group_size // a.mini_batches // recipe.parallel.dp
+        if recipe.trainer.micro_batch_size < rows:
+            return (f"algorithm.policy_loss=gmpo with trainer.micro_batch_size={recipe.trainer.micro_batch_size}: "
+                    f"verl's geo_mean averages over each micro-batch ({_ALGOS}:2000) and its engine sums the "
+                    f"micro-batches' gradients, so the update would be {-(-rows // recipe.trainer.micro_batch_size)}"
+                    f"x GMPO's. Set trainer.micro_batch_size>={rows} (stage {stage.name!r}: a rank's mini-batch).")
+    return None
 
 
 def run_mode(options: VerlOptions) -> str:

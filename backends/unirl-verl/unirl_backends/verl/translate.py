@@ -16,7 +16,7 @@ from typing import Any
 
 from unirl.config.derived import loss_norm_length, stage_lr
 from unirl.errors import ConfigError
-from unirl_backends.verl.math import ADVANTAGE, KL, LOSS_AGG, NO_DUAL_CLIP
+from unirl_backends.verl.math import ADVANTAGE, KL, LOSS_AGG, NO_DUAL_CLIP, POLICY_LOSS, clip_ratios, policy_loss_mode
 from unirl_backends.verl.runtime import import_verl
 
 _INV = lambda table: {v: k for k, v in table.items()}  # noqa: E731
@@ -50,7 +50,10 @@ def ppo_overrides(recipe: Any, stage: Any, *, model_path: str, run_dir: str, opt
         f"{actor}.strategy": options.get("strategy", "fsdp2"),
         f"{actor}.loss_agg_mode": LOSS_AGG[a.loss_agg],
         f"{actor}.loss_scale_factor": loss_norm_length(recipe) if a.loss_agg == "seq_mean_token_sum_norm" else None,
-        f"{actor}.clip_ratio": a.clip_low, f"{actor}.clip_ratio_low": a.clip_low, f"{actor}.clip_ratio_high": a.clip_high,
+        f"{actor}.policy_loss.loss_mode": policy_loss_mode(a),
+        f"{actor}.tau_pos": float(a.sapo_tau_pos), f"{actor}.tau_neg": float(a.sapo_tau_neg),
+        f"{actor}.clip_ratio": clip_ratios(a)[0], f"{actor}.clip_ratio_low": clip_ratios(a)[0],
+        f"{actor}.clip_ratio_high": clip_ratios(a)[1],
         f"{actor}.clip_ratio_c": a.dual_clip if a.dual_clip is not None else NO_DUAL_CLIP,
         # truncated IS against the rollout's log-probs (rollout_corr_helper; applied in ppo_loss)
         "algorithm.rollout_correction.rollout_is": "token" if a.get("tis_cap") is not None else None,
@@ -174,7 +177,9 @@ def read_back(native: dict[str, Any]) -> list[tuple[str, Any]]:
         actor, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
         adv = _INV(ADVANTAGE)[algo.adv_estimator]
         out += [("stages.type", "rl"), ("algorithm.advantage", adv),
-                ("algorithm.loss_agg", _INV(LOSS_AGG)[actor.loss_agg_mode])]
+                ("algorithm.loss_agg", _INV(LOSS_AGG)[actor.loss_agg_mode]),
+                ("algorithm.policy_loss", _INV(POLICY_LOSS).get(actor.policy_loss.loss_mode,
+                                                                f"verl:{actor.policy_loss.loss_mode}"))]
         if adv == "grpo":
             out.append(("algorithm.norm_adv_by_std", bool(algo.norm_adv_by_std_in_grpo)))
         if actor.use_kl_loss:
