@@ -49,7 +49,7 @@ class RecipeConfigured(NativeBackend):
 
     def translate(self, recipe):
         return {"stages": OmegaConf.to_container(recipe.stages), "algorithm": OmegaConf.to_container(recipe.algorithm),
-                "trainer": OmegaConf.to_container(recipe.trainer)}
+                "trainer": OmegaConf.to_container(recipe.trainer), "model": OmegaConf.to_container(recipe.model)}
 
     def read_back(self, native):
         from unirl.capabilities import recipe_knobs

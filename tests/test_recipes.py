@@ -98,6 +98,7 @@ def test_every_shipped_recipe_is_covered():
     shipped = {p.stem for p in (ROOT / "configs").glob("*.yaml")}
     # grpo_tiny: tests/test_demo.py; gsm8k_tiny_grpo: tests/test_dataset_task.py; grpo_tiny_vllm:
     # tests/test_vllm_rollout.py; tool_calc_tiny and tool_calc_qwen2.5_0.5b_grpo: tests/test_agents.py;
-    # cpt_varied_lengths_tiny: tests/test_micro_batching.py
+    # cpt_varied_lengths_tiny: tests/test_micro_batching.py; grpo_lora_tiny: tests/test_lora.py
     assert shipped == {c[0] for c in CASES} | {"grpo_tiny", "gsm8k_tiny_grpo", "grpo_tiny_vllm", "tool_calc_tiny",
-                                                "tool_calc_qwen2.5_0.5b_grpo", "cpt_varied_lengths_tiny"} | set(REAL_SIZE)
+                                                "tool_calc_qwen2.5_0.5b_grpo", "cpt_varied_lengths_tiny",
+                                                "grpo_lora_tiny"} | set(REAL_SIZE)

@@ -44,6 +44,7 @@ CANONICAL_KNOBS: dict[str, tuple[Any, ...]] = {
     "algorithm.value_clip": (ON,),
     "algorithm.dpo_loss": choices.DPO_LOSSES,
     "trainer.max_tokens_per_micro_batch": (ON,),
+    "model.lora": (ON,),
     "algorithm.label_smoothing": (ON,),
 }
 
@@ -54,7 +55,8 @@ CANONICAL_KNOBS: dict[str, tuple[Any, ...]] = {
 LATER_KNOBS: dict[str, tuple[Any, str]] = {"algorithm.policy_loss": ("ppo", "unirl 0.4"),
                                            "algorithm.dynamic_sampling": ("off", "unirl 0.4"),
                                            "algorithm.overlong_buffer": ("off", "unirl 0.4"),
-                                           "trainer.max_tokens_per_micro_batch": ("off", "unirl 0.4")}
+                                           "trainer.max_tokens_per_micro_batch": ("off", "unirl 0.4"),
+                                           "model.lora": ("off", "unirl 0.4")}
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,9 @@ def recipe_knobs(recipe: Any) -> list[tuple[str, Any, Any]]:
                 out.append((f"algorithm.{key}", ON, a[key]))
         if a.advantage == "gae" and a.value_clip is not None:
             out.append(("algorithm.value_clip", ON, a.value_clip))
+    rank = ((recipe.get("model") or {}).get("lora") or {}).get("rank") or 0
+    if rank > 0:
+        out.append(("model.lora", ON, f"rank {rank}"))
     budget = (recipe.get("trainer") or {}).get("max_tokens_per_micro_batch")
     if budget:
         out.append(("trainer.max_tokens_per_micro_batch", ON, budget))

@@ -5,7 +5,10 @@ The checkpoint's ``model-policy.safetensors`` holds the policy under Hugging Fac
 (every backend writes it so: the checkpoint contract). It is loaded strictly into the run's base
 model architecture (``model.path``, or the tiny model the run built in ``base_model/``), saved with
 ``save_pretrained``, reloaded from ``OUT`` and checked: its logits on a fixed batch must equal those
-of the model holding the checkpoint's weights.
+of the model holding the checkpoint's weights. A LoRA run's checkpoint (``model.lora``) holds the
+wrapped model under PEFT's names: the adapter goes to ``OUT/adapter`` (reloaded with
+``PeftModel.from_pretrained``, logits equal) and the merged model to ``OUT`` (logits equal to float
+rounding: the merge adds ``(alpha / r) B A`` to each weight once).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def export_checkpoint(source: str | Path, out: str | Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
+    from unirl.models.lora import lora_section, merged, save_adapter, wrap
 
     run_dir, ckpt = resolve(source)
     config = run_dir / "config.yaml"
@@ -62,6 +66,9 @@ def export_checkpoint(source: str | Path, out: str | Path) -> dict[str, Any]:
                        f"Hugging Face names, which unirl export needs.")
     dtype = str(recipe.model.get("dtype", "float32"))
     model = load_causal_lm(str(base), dtype)
+    lora = lora_section(recipe)
+    if lora is not None:  # the checkpoint holds the wrapped model: base and adapters under PEFT's names
+        model = wrap(model, lora)
     state = load_file(str(weights))
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not _tied(model, k)]
@@ -69,16 +76,32 @@ def export_checkpoint(source: str | Path, out: str | Path) -> dict[str, Any]:
         raise RunError(f"{str(weights)!r} does not fit the architecture of {str(base)!r}: missing "
                        f"{missing[:4]}, unexpected {unexpected[:4]}. Was the run's model.path changed?")
     tokenizer = load_tokenizer(str(base))
-    save_hf_model(model, tokenizer, out)
-    reloaded = load_causal_lm(str(out), dtype)
     ids = torch.arange(2, 2 + 24).remainder(model.config.vocab_size).view(2, 12)
     with torch.no_grad():
-        a, b = model.eval()(input_ids=ids).logits, reloaded.eval()(input_ids=ids).logits
-    err = float((a.float() - b.float()).abs().max())
-    if err != 0.0:
+        trained = model.eval()(input_ids=ids).logits.float()
+    result: dict[str, Any] = {"run_dir": str(run_dir), "checkpoint": str(ckpt), "out": str(out)}
+    save_hf_model(merged(model) if lora is not None else model, tokenizer, out)
+    if lora is not None:  # after the merged model: saving it writes OUT afresh
+        from peft import PeftModel
+
+        adapter = Path(out) / "adapter"
+        save_adapter(model, str(adapter))
+        with torch.no_grad():
+            again = PeftModel.from_pretrained(load_causal_lm(str(base), dtype), str(adapter)).eval()
+            err = float((again(input_ids=ids).logits.float() - trained).abs().max())
+        if err != 0.0:
+            raise RunError(f"the exported adapter's logits differ from the checkpoint's by {err:.3g}; the export in "
+                           f"{str(adapter)!r} is not faithful (please report this).")
+        result.update(adapter=str(adapter), adapter_max_logit_diff=err)
+    reloaded = load_causal_lm(str(out), dtype)
+    with torch.no_grad():
+        err = float((reloaded.eval()(input_ids=ids).logits.float() - trained).abs().max())
+    # merging rounds W + (alpha / r) B A once, where the wrapped model adds x B A to x W: float rounding
+    limit = 0.0 if lora is None else 1e-4 * max(1.0, float(trained.abs().max()))
+    if err > limit:
         raise RunError(f"the exported model's logits differ from the checkpoint's by {err:.3g}; the export in "
                        f"{str(out)!r} is not faithful (please report this).")
-    return {"run_dir": str(run_dir), "checkpoint": str(ckpt), "out": str(out), "max_logit_diff": err}
+    return {**result, "max_logit_diff": err}
 
 
 def _tied(model: Any, key: str) -> bool:

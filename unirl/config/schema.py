@@ -40,10 +40,22 @@ class TinyModelSection:
 
 
 @dataclass
+class LoraSection:
+    """LoRA adapters (PEFT) on the policy: only they train (docs/semantics.md, "LoRA")."""
+
+    rank: int = 0  # 0: off, every weight trains
+    alpha: float = 16.0  # the update is (alpha / rank) B A
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                               "up_proj", "down_proj"])
+
+
+@dataclass
 class ModelSection:
     path: Optional[str] = None  # local HF model directory or hub id; null builds the tiny model
     tiny: TinyModelSection = field(default_factory=TinyModelSection)
     dtype: str = "float32"
+    lora: LoraSection = field(default_factory=LoraSection)
 
 
 @dataclass

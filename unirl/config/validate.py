@@ -50,6 +50,24 @@ def validate_recipe(cfg: DictConfig, host: Any) -> None:
 # --------------------------------------------------------------------------- values
 
 
+def _check_lora(lora: Any) -> None:
+    _at_least("model.lora.rank", lora.rank, 0)
+    if not lora.rank:
+        return
+    _at_least("model.lora.alpha", lora.alpha, 0, strict=True)
+    if not 0 <= lora.dropout < 1:
+        raise ConfigError(f"model.lora.dropout={lora.dropout!r} is out of range: it must be in [0, 1).",
+                          key="model.lora.dropout", value=lora.dropout)
+    if not lora.target_modules:
+        raise ConfigError("model.lora.target_modules is empty: name the modules that get adapters, e.g. "
+                          "[q_proj, v_proj].", key="model.lora.target_modules", value=[])
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError(f"model.lora.rank={lora.rank} needs the peft package: pip install 'unirl[lora]' "
+                          f"(peft==0.21.2), or model.lora.rank=0.", key="model.lora.rank", value=lora.rank)
+
+
 def _check_policy_loss(a: Any) -> None:
     """The knobs each policy loss variant takes (docs/semantics.md, "Policy loss variants")."""
     variant = a.policy_loss
@@ -107,6 +125,7 @@ def _check_values(cfg: Any) -> None:
     _one_of("algorithm.dpo_loss", a.dpo_loss, choices.DPO_LOSSES)
     _at_least("trainer.lr", cfg.trainer.lr, 0, strict=True)
     _at_least("trainer.micro_batch_size", cfg.trainer.micro_batch_size, 1)
+    _check_lora(cfg.model.lora)
     _at_least("trainer.max_tokens_per_micro_batch", cfg.trainer.max_tokens_per_micro_batch, 1)
     if cfg.trainer.max_tokens_per_micro_batch and cfg.parallel.dp > 1:
         raise ConfigError(f"trainer.max_tokens_per_micro_batch={cfg.trainer.max_tokens_per_micro_batch} with "

@@ -17,6 +17,8 @@ import torch
 from unirl.config.derived import stage_needs
 from unirl.distributed.env import local_device
 from unirl.models.loading import load_causal_lm, load_scorer, save_hf_model
+from unirl.models.lora import is_wrapped, lora_section, merged, plain_state, save_adapter
+from unirl.models.lora import wrap as wrap_lora
 from unirl.models.weights import WeightSync
 
 #: where each trained model is exported inside the run directory
@@ -42,6 +44,9 @@ class ModelSet:
         self.make_stepper = make_stepper
         self.device = local_device()
         policy = load_causal_lm(model_path, recipe.model.dtype)
+        lora = lora_section(recipe)
+        if lora is not None:  # only the adapters train (the optimizer takes what requires a gradient)
+            policy = wrap_lora(policy, lora)
         policy.train()
         self.models: dict[str, torch.nn.Module] = {"policy": self.place(policy)}
         #: what steps each trained model: a torch optimizer (native) or a DeepSpeed engine (openrlhf)
@@ -116,9 +121,15 @@ class ModelSet:
         if name == "policy":
             self.weights.updated()
 
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's whole state under the base architecture's names (with LoRA: merged)."""
+        if lora_section(self.recipe) is None:
+            return self.full_state("policy")
+        return plain_state(self.unsharded("policy"))
+
     def sync_weights(self, rollout: Any) -> dict[str, float]:
         """The policy to ``rollout``, when it keeps a copy that is behind (:class:`WeightSync`)."""
-        return self.weights.sync(rollout, lambda: self.full_state("policy"))
+        return self.weights.sync(rollout, self.policy_weights)
 
     def snapshot_reference(self) -> None:
         """The frozen reference: a copy of the policy as it is now."""
@@ -133,8 +144,8 @@ class ModelSet:
         if name not in self.models:
             model = load_scorer(self.model_path, self.recipe.model.dtype, per_token=per_token,
                                 pad_token_id=self.tokenizer.pad_token_id)
-            prefix = self.policy.base_model_prefix + "."
-            model.base_model.load_state_dict({k.removeprefix(prefix): v for k, v in self.full_state("policy").items()
+            prefix = model.base_model_prefix + "."
+            model.base_model.load_state_dict({k.removeprefix(prefix): v for k, v in self.policy_weights().items()
                                               if k.startswith(prefix)})
             model.train()
             self.models[name] = self.place(model)
@@ -169,6 +180,10 @@ class ModelSet:
             if name in self.trained or (name == "policy" and not self.trained):
                 path = str(Path(run_dir) / folder)
                 model = self.exported(name)  # every rank takes part in gathering a sharded model
+                if model is not None and name == "policy" and is_wrapped(model):
+                    save_adapter(model, str(Path(run_dir) / "adapter"))  # the adapter alone (PEFT's format)
+                    out["adapter"] = str(Path(run_dir) / "adapter")
+                    model = merged(model)
                 if model is not None:
                     save_hf_model(model, self.tokenizer, path)
                 out[name] = path

@@ -52,6 +52,8 @@ def overrides_for(key: str, value: Any) -> list[str]:
         return [RL_STAGE, "algorithm.dynamic_sampling=true"]
     if key == "algorithm.overlong_buffer":
         return [RL_STAGE, "algorithm.overlong_buffer=2", "algorithm.overlong_penalty=0.5"]
+    if key == "model.lora":
+        return [RL_STAGE, "model.lora.rank=4"]
     if key == "trainer.max_tokens_per_micro_batch":
         return [RL_STAGE, "trainer.max_tokens_per_micro_batch=64"]
     if key == "algorithm.norm_adv_by_std":

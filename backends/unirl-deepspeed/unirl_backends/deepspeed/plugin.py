@@ -10,7 +10,8 @@ from unirl.contract import BackendSpec
 #: Every canonical value: the losses are unirl's reference functions, DeepSpeed steps the models.
 #: ``parallel.dp``: any number of ranks; every ZeRO stage; optimizer (ZeRO 1-3) and parameter
 #: (ZeRO-3) offload to CPU memory.
-CAPABILITIES = Capabilities(knobs=all_values(),
+# LoRA: the DeepSpeed engine over a PEFT model is not wired up yet
+CAPABILITIES = Capabilities(knobs={**all_values(), "model.lora": {}},
                             parallel={"dp": None, "zero_stage": (0, 1, 2, 3), "offload": ("none", "optimizer", "all")})
 
 

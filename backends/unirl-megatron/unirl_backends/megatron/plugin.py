@@ -11,7 +11,7 @@ from unirl.contract import BackendSpec
 #: ``parallel``: any tp, pp and dp (Megatron's own layouts), zero_stage 0 or 1 (1: Megatron's
 #: distributed optimizer, the optimizer states sharded over the dp ranks; docs/backends/megatron.md).
 # Megatron's micro-batches are its pipeline schedule's, a fixed number of equal ones: no token budget
-CAPABILITIES = Capabilities(knobs={**all_values(), "trainer.max_tokens_per_micro_batch": {}}, parallel={"dp": None, "tp": None, "pp": None,
+CAPABILITIES = Capabilities(knobs={**all_values(), "trainer.max_tokens_per_micro_batch": {}, "model.lora": {}}, parallel={"dp": None, "tp": None, "pp": None,
                                                                          "zero_stage": (0, 1)})
 
 
