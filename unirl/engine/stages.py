@@ -210,6 +210,9 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
         skipped_groups = 0
         if torch.isnan(rollout.rewards).any():  # failed rewards: their groups are left out of the step
             rollout, skipped_groups = drop_failed_groups(rollout, algo.mini_batches * c.recipe.parallel.dp)
+            # the reward curve: over the groups kept (one generation round), or every scored sequence
+            generated_rewards = generated_rewards[~torch.isnan(generated_rewards)] if algo.dynamic_sampling \
+                else rollout.rewards
     with timer("buffer"):
         held = len(c.buffer)
         c.buffer.add(rollout)
