@@ -17,6 +17,7 @@ reward scores a sequence with it), and the sequence's advantage applies to each 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -264,6 +265,18 @@ def call_environment(ep: Episode, policy: Any, fn: Callable[..., Any], *args: An
                            f"set environment.on_error=end_episode to end such episodes and count them.") from exc
         ep.env_error, ep.done = what, True
         return None
+
+
+@functools.cache
+def recipe_episode_parts(recipe_path: str) -> tuple[Any, Any, Any, Any]:
+    """``(recipe, environment factory, agent policy, reward)`` of the recipe file at ``recipe_path``,
+    built once per process: what a framework's own agent loop (verl's, OpenRLHF's) plays episodes with."""
+    from unirl.config import load_recipe
+    from unirl.rewards import build_reward
+
+    recipe = load_recipe(recipe_path)
+    make_env, policy = environment_factory(recipe)
+    return recipe, make_env, policy, build_reward(recipe)
 
 
 def environment_factory(recipe: Any, ctx: Any = None, host: Any = None) -> tuple[Callable[[], Any], Any]:

@@ -16,27 +16,15 @@ Imported only inside OpenRLHF's vLLM actors: it imports OpenRLHF at import time.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from copy import deepcopy
 from typing import Any
 
 from openrlhf.utils.agent import AgentExecutorBase
 from unirl.protocols import Example
+from unirl.rollouts.multi_turn import recipe_episode_parts
 
 _episodes = itertools.count()
-
-
-@functools.cache
-def _parts(recipe_path: str) -> tuple[Any, Any, Any, Any]:
-    """The recipe, its environment factory and policy, and its reward: built once per actor."""
-    from unirl.config import load_recipe
-    from unirl.rewards import build_reward
-    from unirl.rollouts.multi_turn import environment_factory
-
-    recipe = load_recipe(recipe_path)
-    make_env, policy = environment_factory(recipe)
-    return recipe, make_env, policy, build_reward(recipe)
 
 
 def _model_ranges(mask: list[int], offset: int) -> list[tuple[int, int]]:
@@ -66,7 +54,7 @@ class UnirlAgentExecutor(AgentExecutorBase):
     recipe_path = ""
 
     def __init__(self) -> None:
-        self.recipe, self.make_env, self.policy, self.reward = _parts(self.recipe_path)
+        self.recipe, self.make_env, self.policy, self.reward = recipe_episode_parts(self.recipe_path)
 
     async def execute(self, prompt: str, label: Any, sampling_params: Any, max_length: int, hf_tokenizer: Any,
                       llm_engine: Any, images: Any = None) -> dict[str, Any]:

@@ -14,34 +14,22 @@ Imported only inside verl's rollout workers: it imports verl at import time.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from typing import Any
 from uuid import uuid4
 
 from unirl.protocols import Example
+from unirl.rollouts.multi_turn import recipe_episode_parts
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
 AGENT_NAME = "unirl_environment"
 _episodes = itertools.count()
 
 
-@functools.cache
-def _parts(recipe_path: str) -> tuple[Any, Any, Any, Any]:
-    """The recipe, its environment factory and policy, and its reward: built once per worker process."""
-    from unirl.config import load_recipe
-    from unirl.rewards import build_reward
-    from unirl.rollouts.multi_turn import environment_factory
-
-    recipe = load_recipe(recipe_path)
-    make_env, policy = environment_factory(recipe)
-    return recipe, make_env, policy, build_reward(recipe)
-
-
 class UnirlAgentLoop(AgentLoopBase):
     def __init__(self, *args: Any, recipe: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.recipe, self.make_env, self.policy, self.reward = _parts(recipe)
+        self.recipe, self.make_env, self.policy, self.reward = recipe_episode_parts(recipe)
         self.response_length = int(self.rollout_config.response_length)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
