@@ -99,10 +99,11 @@ def test_wrong_aggregation_fails_l1_and_l2_with_the_error_size(wrong_plugin):
     assert l1.max_abs > 1e-3 and "abs <= 1e-06" in l1.tolerance
     assert ("L1", "policy_loss", (("algorithm.loss_agg", "token_mean"),)) in failed
     l2 = [r for k, r in failed.items() if k[0] == "L2"]
-    # rl_step with token_mean, rl_step with policy_loss=cispo (its check aggregates with token_mean), and
-    # the critic step, whose PPO update runs with the default token_mean
-    assert [r.knobs.get("algorithm.loss_agg", r.check) for r in l2] == ["token_mean", "token_mean", "critic_step"]
-    assert l2[1].knobs["algorithm.policy_loss"] == "cispo"
+    # rl_step with token_mean, rl_step with policy_loss=cispo (its check aggregates with token_mean), the
+    # LoRA rl_step (token_mean) and the critic step, whose PPO update runs with the default token_mean
+    assert [r.knobs.get("algorithm.loss_agg", r.check) for r in l2] == ["token_mean", "token_mean", "rl_step",
+                                                                        "critic_step"]
+    assert l2[1].knobs["algorithm.policy_loss"] == "cispo" and l2[2].knobs["model.lora.rank"] == 4
     assert l2[0].max_rel > 1e-3 and "loss: abs" in l2[0].reason
     # everything it does right still passes
     assert results[("L1", "aggregate", (("algorithm.loss_agg", "seq_mean_token_sum"),))].status == "passed"

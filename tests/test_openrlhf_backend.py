@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.conftest import DEMO, ROOT
 from unirl.config import load_recipe
@@ -202,6 +203,55 @@ def test_one_optimizer_step_per_call_whatever_the_accumulation_of_the_previous_o
         before = engine.global_steps
         row = trainer.supervised_step("sft", sft_batch(tok, (examples * 3)[:n]), 1e-3)
         assert engine.global_steps == before + 1 and row["grad/norm"] > 0
+
+
+def test_zero_2_checkpoints_of_openrlhfs_two_weight_decay_groups_resume_exactly(tiny_model_dir, tmp_path):
+    """OpenRLHF's engine has two parameter groups (weight decay and none); at ZeRO-2 DeepSpeed links
+    only the first group's AdamW states to the parameters (stage_1_and_2.py:2986-2987), so the
+    checkpoint's optimizer state needs :func:`unirl.engine.deepspeed.relink_zero_optimizer_states`.
+    The guard: without the relink the second group's state is missing (remove the relink when not);
+    with it, a run stopped and resumed at ZeRO-2 ends with the weights of one never stopped."""
+    from deepspeed.utils import safe_get_full_optimizer_state
+    from safetensors.torch import load_file
+
+    from unirl.engine.collate import sft_batch
+    from unirl.engine.deepspeed import full_optimizer_state, relink_zero_optimizer_states
+    from unirl.models.loading import load_tokenizer
+    from unirl.protocols import BuildContext
+    from unirl.testing.l2_step import _examples
+    from unirl_backends.openrlhf.backend import OpenRLHFBackend
+
+    recipe = load_recipe(DEMO, ["backend=openrlhf", f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'one'}",
+                                "parallel.zero_stage=2"])
+    tok = load_tokenizer(str(tiny_model_dir))
+    trainer = OpenRLHFBackend(recipe).build_trainer(BuildContext(recipe=recipe, run_dir=str(tmp_path / "one"),
+                                                                 model_path=str(tiny_model_dir), tokenizer=tok))
+    try:
+        trainer.supervised_step("sft", sft_batch(tok, _examples()), 1e-3)
+        engine = trainer.models.steppers["policy"]
+        params = [p for p in trainer.models.policy.parameters() if p.requires_grad]
+        assert len(engine.optimizer.optimizer.param_groups) == 2
+        unlinked = []
+        for p in params:
+            try:
+                safe_get_full_optimizer_state(p, "exp_avg")
+            except ValueError:
+                unlinked.append(p)
+        assert unlinked, "DeepSpeed now links every group's states: remove relink_zero_optimizer_states"
+        relink_zero_optimizer_states(engine)
+        assert all(safe_get_full_optimizer_state(p, "exp_avg") is not None for p in params)
+        assert len(full_optimizer_state(engine, params, "float32")["state"]) == len(params)
+    finally:
+        trainer.close()
+    common = [str(DEMO), "backend=openrlhf", "parallel.zero_stage=2", f"model.path={tiny_model_dir}",
+              "stages.0.steps=2", "stages.1.steps=2", "checkpoint.every=1", "run.threads=1"]
+    from unirl.cli import main
+
+    assert main(["run", *common, f"run.dir={tmp_path / 'full'}"]) == 0
+    assert main(["run", *common, f"run.dir={tmp_path / 'part'}", "run.stop_after=3"]) == 0
+    assert main(["run", *common, f"run.dir={tmp_path / 'part'}", "resume=auto"]) == 0
+    a, b = (load_file(str(tmp_path / r / "model" / "model.safetensors")) for r in ("full", "part"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.slow

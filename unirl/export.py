@@ -6,7 +6,8 @@ The checkpoint's ``model-policy.safetensors`` holds the policy under Hugging Fac
 model architecture (``model.path``, or the tiny model the run built in ``base_model/``), saved with
 ``save_pretrained``, reloaded from ``OUT`` and checked: its logits on a fixed batch must equal those
 of the model holding the checkpoint's weights. A LoRA run's checkpoint (``model.lora``) holds the
-wrapped model under PEFT's names: the adapter goes to ``OUT/adapter`` (reloaded with
+adapters alone under PEFT's names (older ones: the whole wrapped model), over the base read from
+``model.path``: the adapter goes to ``OUT/adapter`` (reloaded with
 ``PeftModel.from_pretrained``, logits equal) and the merged model to ``OUT`` (logits equal to float
 rounding: the merge adds ``(alpha / r) B A`` to each weight once).
 """
@@ -67,11 +68,11 @@ def export_checkpoint(source: str | Path, out: str | Path) -> dict[str, Any]:
     dtype = str(recipe.model.get("dtype", "float32"))
     model = load_causal_lm(str(base), dtype)
     lora = lora_section(recipe)
-    if lora is not None:  # the checkpoint holds the wrapped model: base and adapters under PEFT's names
+    if lora is not None:  # the checkpoint holds the adapters (older ones: base and adapters), PEFT's names
         model = wrap(model, lora)
     state = load_file(str(weights))
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not _tied(model, k)]
+    missing = [k for k in missing if not _tied(model, k) and (lora is None or ".lora_" in k)]
     if missing or unexpected:
         raise RunError(f"{str(weights)!r} does not fit the architecture of {str(base)!r}: missing "
                        f"{missing[:4]}, unexpected {unexpected[:4]}. Was the run's model.path changed?")

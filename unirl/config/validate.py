@@ -418,8 +418,10 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
     for key, asked, fixed in caps.fixed_values(cfg):
         if fixed.approximate and not cfg.run.strict:
             continue  # the driver prints and records it as a deviation
+        # a backend that takes the value, and everything that makes the key matter (e.g. model.lora for its dropout)
         others = [r.name for r in registry.entries["backend"].values()
-                  if r.capabilities is not None and not any(k == key for k, _, _ in r.capabilities.fixed_values(cfg))]
+                  if r.capabilities is not None and not any(k == key for k, _, _ in r.capabilities.fixed_values(cfg))
+                  and all(r.capabilities.support(k, v) is not Support.UNSUPPORTED for k, v in fixed.when)]
         hint = " (run.strict=true refuses approximations)" if fixed.approximate else ""
         # a key the recipe cannot set on this backend: only not using what makes it apply avoids it
         fix = None if fixed.settable else "change " + " or ".join(dict.fromkeys(k for k, _ in fixed.when_any or fixed.when))

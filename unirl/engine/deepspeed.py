@@ -4,7 +4,10 @@ Nothing here imports DeepSpeed at import time. :func:`adamw` is the optimizer bo
 declare in the DeepSpeed config (DeepSpeed builds it, and ZeRO partitions its states; with
 ``torch_adam`` it is torch's AdamW, the reference's, rather than a JIT-built fused Adam, and
 with ``offload_optimizer`` it runs on the CPU partitions); :class:`Stepper` is one optimizer
-step of an engine over a known number of micro-batches.
+step of an engine over a known number of micro-batches; :func:`full_optimizer_state` /
+:func:`load_full_optimizer_state` are an engine's optimizer as torch's AdamW keeps it in one
+process, whatever the ZeRO stage (what a checkpoint holds: layout-free, and plain tensors, where
+ZeRO's own ``state_dict`` holds DeepSpeed objects that ``torch.load(weights_only=True)`` refuses).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import torch
 
 #: the recipe's model.dtype as DeepSpeed's config names it
 DS_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+#: AdamW's per-parameter states, as torch's AdamW names them
+ADAM_STATES = ("exp_avg", "exp_avg_sq")
 
 
 def adamw(recipe: Any, lr: float) -> dict[str, Any]:
@@ -83,3 +88,80 @@ class Stepper:
         if not torch.isfinite(torch.tensor(norm)):
             raise FloatingPointError(f"gradient norm is {norm}")
         return norm
+
+
+def full_optimizer_state(engine: Any, params: list[torch.nn.Parameter], dtype: str) -> dict[str, Any]:
+    """``engine``'s optimizer as torch's AdamW holds it in one process: one group, states keyed by the
+    index of each of ``params`` (the engine's trained parameters, in order), assembled from the ZeRO
+    partitions with DeepSpeed's public ``safe_get_full_optimizer_state`` (collective under ZeRO: every
+    rank calls it). Where the model trains in a 16-bit ``dtype``, each state also holds the fp32
+    master weight the module's copy is rounded from."""
+    if engine.zero_optimization_stage() == 0:
+        return engine.optimizer.state_dict()
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    inner = engine.optimizer.optimizer  # torch's AdamW over the rank's flat fp32 partitions
+    groups = [{**{k: v for k, v in inner.param_groups[0].items() if k != "params"},
+               "params": list(range(len(params)))}]
+    if not inner.state:
+        return {"state": {}, "param_groups": groups}
+    relink_zero_optimizer_states(engine)
+    step = next(iter(inner.state.values()))["step"]
+    state = {}
+    for i, param in enumerate(params):
+        state[i] = {"step": step.clone(), **{k: safe_get_full_optimizer_state(param, k).clone() for k in ADAM_STATES}}
+        if dtype != "float32":
+            state[i]["fp32"] = safe_get_full_fp32_param(param).clone()
+    return {"state": state, "param_groups": groups}
+
+
+def relink_zero_optimizer_states(engine: Any) -> None:
+    """Link every parameter group's AdamW states to its parameters' fragments (ZeRO 1-2 with more
+    than one group, e.g. OpenRLHF's weight-decay groups).
+
+    DeepSpeed links them once, in ``_optimizer_step`` of the *first* group
+    (deepspeed/runtime/zero/stage_1_and_2.py:2986-2987, ``_lazy_init_hp_params_optimizer_state``
+    sets ``_hp_optimizer_states_linked``), before the later groups have states: their parameters
+    then fail ``safe_get_full_optimizer_state`` ("exp_avg not found in optimizer state fragment").
+    Linking again after a step is what DeepSpeed's own call does, for every group. Guarded by
+    tests/test_openrlhf_backend.py (fails once DeepSpeed links every group itself)."""
+    zero = engine.optimizer
+    if getattr(zero, "_hp_optimizer_states_linked", None) is None or len(zero.optimizer.param_groups) < 2:
+        return
+    zero._hp_optimizer_states_linked = False
+    zero._lazy_init_hp_params_optimizer_state()
+
+
+def load_full_optimizer_state(engine: Any, params: list[torch.nn.Parameter], sd: dict[str, Any]) -> None:
+    """Load what :func:`full_optimizer_state` returned (at any ZeRO stage and rank count) into
+    ``engine``, whose trained parameters are ``params``."""
+    stage = engine.zero_optimization_stage()
+    if stage == 0:
+        engine.optimizer.load_state_dict(sd)
+        return
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    if stage < 3 and "fp32" not in next(iter(sd["state"].values()), {}):
+        # ZeRO 1-2 keep fp32 master partitions the module's weights are copied from after each step: they
+        # take the module's restored weights (ZeRO-3's are set where its partitioned module is loaded)
+        for param in params:
+            safe_set_full_fp32_param(param, param.detach().float())
+    if not sd["state"]:
+        return  # saved before its first step: nothing more to restore
+
+    inner = engine.optimizer.optimizer
+    step = sd["state"][0]["step"]
+    # ZeRO creates AdamW's states at the first step (lazily); create them now, as zeros
+    # with the saved step count, and write the saved values into the rank's partitions
+    # (ZeRO-3 puts its flat partitions into the optimizer's groups only while it steps them)
+    flats = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
+    for flat in flats if flats is not None else [f for g in inner.param_groups for f in g["params"]]:
+        inner.state[flat] = {"step": step.clone(), **{k: torch.zeros_like(flat) for k in ADAM_STATES}}
+    link = getattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)  # ZeRO 1-2: map params to them
+    if link is not None:
+        link()
+    for i, param in enumerate(params):
+        for key in ADAM_STATES:
+            safe_set_full_optimizer_state(param, sd["state"][i][key].float(), key)
+        if "fp32" in sd["state"][i]:
+            safe_set_full_fp32_param(param, sd["state"][i]["fp32"])

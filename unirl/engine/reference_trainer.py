@@ -296,7 +296,7 @@ class ReferenceTrainer:
     def state_dict(self) -> dict[str, Any] | None:
         """Models and optimizers whole, in the process that writes (:attr:`ModelSet.writes`; the
         other ranks take part in gathering them and return None)."""
-        models = {k: self.models.saved_state(k) for k in self.models.models}
+        models = {k: self.models.checkpoint_state(k) for k in self.models.models}
         optimizers = {k: self.optimizer_state(k) for k in self.models.steppers}
         if not self.models.writes:
             return None
@@ -310,8 +310,8 @@ class ReferenceTrainer:
 
     def full_policy(self) -> dict[str, torch.Tensor] | None:
         """The whole policy in the process that writes (None in the other ranks, which take part):
-        what a rank worker hands the driver for a rollout's copy."""
-        state = self.models.saved_state("policy")
+        what a rank worker hands the driver for a rollout's copy (with LoRA: merged)."""
+        state = self.models.rollout_state()
         return state if self.models.writes else None
 
     def export(self, run_dir: str) -> dict[str, str]:

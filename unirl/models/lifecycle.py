@@ -17,7 +17,7 @@ import torch
 from unirl.config.derived import stage_needs
 from unirl.distributed.env import local_device
 from unirl.models.loading import load_causal_lm, load_scorer, save_hf_model
-from unirl.models.lora import is_wrapped, lora_section, merged, plain_state, save_adapter
+from unirl.models.lora import adapter_state, is_wrapped, lora_section, merged, plain_state, save_adapter, wrap_quietly
 from unirl.models.lora import wrap as wrap_lora
 from unirl.models.weights import WeightSync
 
@@ -46,7 +46,7 @@ class ModelSet:
         policy = load_causal_lm(model_path, recipe.model.dtype)
         lora = lora_section(recipe)
         if lora is not None:  # only the adapters train (the optimizer takes what requires a gradient)
-            policy = wrap_lora(policy, lora)
+            policy = wrap_lora(policy, lora, seed=recipe.seed)
         policy.train()
         self.models: dict[str, torch.nn.Module] = {"policy": self.place(policy)}
         #: what steps each trained model: a torch optimizer (native) or a DeepSpeed engine (openrlhf)
@@ -81,11 +81,30 @@ class ModelSet:
         """Model ``name`` as one plain module (to save it)."""
         return self.models[name]
 
+    def _adapted(self, name: str) -> bool:
+        """Whether model ``name`` carries the recipe's LoRA adapters (the policy and its reference)."""
+        return name in ("policy", "reference") and lora_section(self.recipe) is not None
+
+    def checkpoint_state(self, name: str) -> dict[str, torch.Tensor]:
+        """What a checkpoint keeps of model ``name`` (:meth:`saved_state`; of a LoRA model, the
+        adapters alone: its base weights are frozen and read again from ``model.path``)."""
+        state = self.saved_state(name)
+        return adapter_state(state) if self._adapted(name) else state
+
+    def load_checkpoint_state(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        """Load what :meth:`checkpoint_state` kept (an adapters-only state over the model's own,
+        frozen base; a whole state as older LoRA checkpoints hold it also loads)."""
+        if self._adapted(name):
+            state = {**self.full_state(name), **state}
+        self.load_full_state(name, state)
+
     def plain(self, name: str, state: dict[str, torch.Tensor]) -> torch.nn.Module:
         """A new plain module of model ``name``'s kind holding ``state`` (to save or copy a
         model that a subclass keeps sharded)."""
         if name in ("policy", "reference"):
             model = load_causal_lm(self.model_path, self.recipe.model.dtype)
+            if self._adapted(name):
+                model = wrap_quietly(model, lora_section(self.recipe))
         else:
             model = load_scorer(self.model_path, self.recipe.model.dtype, per_token=name == "critic",
                                 pad_token_id=self.tokenizer.pad_token_id)
@@ -126,6 +145,11 @@ class ModelSet:
         if lora_section(self.recipe) is None:
             return self.full_state("policy")
         return plain_state(self.unsharded("policy"))
+
+    def rollout_state(self) -> dict[str, torch.Tensor]:
+        """The policy for a rollout's copy, in the process that :attr:`writes` (:meth:`saved_state`;
+        with LoRA, the merged weights, gathered on every rank)."""
+        return self.saved_state("policy") if lora_section(self.recipe) is None else self.policy_weights()
 
     def sync_weights(self, rollout: Any) -> dict[str, float]:
         """The policy to ``rollout``, when it keeps a copy that is behind (:class:`WeightSync`)."""
@@ -170,7 +194,7 @@ class ModelSet:
         if "reward_model" in models:
             self.ensure_scorer("reward_model", False, self.recipe.trainer.lr)
         for name, sd in models.items():
-            self.load_full_state(name, sd)
+            self.load_checkpoint_state(name, sd)
         self.weights.updated()  # a rollout with its own copy must take the restored policy
 
     def export(self, run_dir: str) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """LoRA adapters on the policy with PEFT (``model.lora``; docs/semantics.md, "LoRA").
 
 Only the adapters train (the optimizer takes the parameters that require a gradient); checkpoints
-hold the whole wrapped state (base and adapters, PEFT's names), so a resume is exact. What leaves the
+hold the adapters alone (:func:`adapter_state`, PEFT's names) with their optimizer state: the base
+weights are frozen, so a resume reads them again from ``model.path`` and is exact. What leaves the
 trainer as a plain model (a rollout engine's weights, a critic's backbone, ``model/``) is the merged
 model, ``W + (alpha / r) B A`` per adapted matrix (PEFT's ``merge_and_unload`` on a copy); the
 adapter alone goes to ``adapter/`` (PEFT's ``save_pretrained``, loadable with
@@ -22,15 +23,45 @@ def lora_section(recipe: Any) -> Any | None:
     return section if int(section.get("rank", 0) or 0) > 0 else None
 
 
-def wrap(model: torch.nn.Module, section: Any) -> torch.nn.Module:
+def lora_config(section: Any) -> Any:
+    """PEFT's ``LoraConfig`` of ``model.lora`` (what TRL takes as ``peft_config``)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=int(section.rank), lora_alpha=float(section.alpha), lora_dropout=float(section.dropout),
+                      target_modules=list(section.target_modules), bias="none", task_type="CAUSAL_LM")
+
+
+def wrap(model: torch.nn.Module, section: Any, seed: int | None = None) -> torch.nn.Module:
     """``model`` with LoRA adapters on ``section.target_modules`` (PEFT's ``get_peft_model``; the
     adapters' ``A`` drawn from torch's generator, ``B`` zero: the wrapped model computes the base's
-    function until the first step)."""
-    from peft import LoraConfig, get_peft_model
+    function until the first step).
 
-    config = LoraConfig(r=int(section.rank), lora_alpha=float(section.alpha), lora_dropout=float(section.dropout),
-                        target_modules=list(section.target_modules), bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    With ``seed`` (what a trainer passes: the recipe's), ``A`` is drawn from
+    ``torch.manual_seed(seed)`` and the run's own random stream is left as it was: every backend and
+    layout starts from the same adapters (a rank process or a framework's engine would otherwise
+    draw from wherever its generator stands)."""
+    from peft import get_peft_model
+
+    if seed is None:
+        return get_peft_model(model, lora_config(section))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, lora_config(section))
+
+
+def wrap_quietly(model: torch.nn.Module, section: Any) -> torch.nn.Module:
+    """:func:`wrap` without drawing from torch's generator (the adapters' values are about to be
+    overwritten by a saved state): rebuilding a wrapped model mid-run leaves the run's random stream
+    as it was, so a resumed run draws the same numbers."""
+    with torch.random.fork_rng(devices=[]):
+        return wrap(model, section)
+
+
+def adapter_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapters' tensors of a wrapped model's state dict (PEFT's ``lora_A`` / ``lora_B``
+    weights, under the wrapped model's names): what a checkpoint keeps of a LoRA model, whose base
+    weights never change and are read again from ``model.path``."""
+    return {k: v for k, v in state.items() if ".lora_" in k}
 
 
 def is_wrapped(model: torch.nn.Module) -> bool:

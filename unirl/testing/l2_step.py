@@ -95,14 +95,26 @@ class Trained:
 def _oracles(ctx: KitContext, recipe: Any, trainer: Any, needs: tuple[str, ...]) -> dict[str, Any]:
     """The oracle's models: the tiny policy, its frozen copy, and each scalar-head model ``needs``
     starting from the trainer's own initial weights (its ``state_dict()["models"]`` after
-    ``begin_stage``): a head's initialisation is the backend's choice, its update is not."""
+    ``begin_stage``): a head's initialisation is the backend's choice, its update is not. With
+    ``model.lora`` the policy carries the recipe's adapters, holding the trainer's initial ones
+    (their random ``A`` is the backend's draw)."""
     import copy
 
     from unirl.models.loading import load_causal_lm, load_scorer
+    from unirl.models.lora import lora_section, wrap_quietly
 
     policy = load_causal_lm(str(ctx.tiny_model), recipe.model.dtype)
+    lora = lora_section(recipe)
+    initial = trainer.state_dict()["models"] if needs or lora is not None else {}
+    if lora is not None:
+        policy = wrap_quietly(policy, lora)
+        missing, unexpected = policy.load_state_dict({k: v.detach().clone() for k, v in initial["policy"].items()},
+                                                     strict=False)
+        if unexpected or any(".lora_" in k for k in missing):
+            raise AssertionError(f"the trainer's LoRA policy state does not fit the recipe's adapters: missing "
+                                 f"{[k for k in missing if '.lora_' in k][:3]}, unexpected {unexpected[:3]}")
+        policy.train()
     out = {"policy": policy, "reference": copy.deepcopy(policy).eval()}
-    initial = trainer.state_dict()["models"] if needs else {}
     for name in needs:
         if name not in initial:
             raise AssertionError(f"after begin_stage the trainer's state_dict()['models'] has no {name!r} "
@@ -182,6 +194,14 @@ def _step_check(ctx: KitContext, name: str, knobs: dict[str, Any], overrides: li
             got = load_file(f"{exported[t.model]}/model.safetensors")
             loss, norm, expected = _oracle_update(oracles[t.model], recipe,
                                                   lambda m, t=t: t.loss(oracles, batch, recipe))
+            if t.model == "policy" and "adapter" in exported:  # LoRA: the adapters are the update
+                from peft import get_peft_model_state_dict
+
+                got = load_file(f"{exported['adapter']}/adapter_model.safetensors")
+                expected = {k: v.detach().clone() for k, v in get_peft_model_state_dict(oracles["policy"]).items()}
+                if set(got) != set(expected):
+                    raise AssertionError(f"the exported adapter's tensors {sorted(got)[:3]} are not the recipe's "
+                                         f"adapters {sorted(expected)[:3]}")
             keys = sorted(set(got) & set(expected))
             update_err = max(float((got[k].double() - expected[k].double()).abs().max()) for k in keys) / LR \
                 if keys else float("inf")
@@ -308,6 +328,38 @@ def _variant_case(ctx: KitContext, variant: str, layout: tuple[str, ...] = ()) -
                        [Trained("policy", "loss/total", "grad/norm", _policy_loss)], layout)
 
 
+def _lora_case(ctx: KitContext, layout: tuple[str, ...] = ()) -> CheckResult:
+    """One rl step of a policy with LoRA adapters (``model.lora``): the adapters' update equals the
+    oracle's, whose policy is the same base wrapped with PEFT and the trainer's initial adapters."""
+    from unirl.capabilities import ON
+
+    if not ctx.claims("stages.type", "rl"):
+        return ctx.skip("rl_step", _level(layout), "stages.type", "rl")
+    if not ctx.claims("model.lora", ON):
+        return ctx.skip("rl_step", _level(layout), "model.lora", ON)
+    import importlib.util
+
+    from unirl.errors import ConfigError
+
+    if importlib.util.find_spec("peft") is None:
+        return CheckResult("rl_step", _level(layout), "skipped", {"model.lora": "on"},
+                           reason="the peft package is not installed here (pip install 'unirl[lora]')")
+
+    knobs: dict[str, Any] = {"model.lora.rank": 4, "model.lora.alpha": 8}
+    overrides = ["stages=[{name: rl, type: rl, steps: 1, batch_size: 4}]", "algorithm.loss_agg=token_mean",
+                 *(f"{k}={v}" for k, v in knobs.items())]
+    if ctx.claims("kl.placement", "in_loss"):  # the reference is the wrapped stage-start policy, where accepted
+        try:
+            ctx.recipe([*overrides, "algorithm.kl_loss_coef=0.1", "trainer.micro_batch_size=2"])
+            overrides.append("algorithm.kl_loss_coef=0.1")
+            knobs["algorithm.kl_loss_coef"] = 0.1
+        except ConfigError:  # refused with the reason (TRL's reference adapter)
+            pass
+    return _step_check(ctx, "rl_step", knobs, overrides, "rl",
+                       lambda tok, m, r: _rl_batch(tok, m["policy"], r.algorithm),
+                       [Trained("policy", "loss/total", "grad/norm", _policy_loss)], layout)
+
+
 def _rm_loss(models: dict[str, Any], pairs: Any, recipe: Any) -> Any:
     from unirl.algorithms.objectives import reward_model_objective
 
@@ -391,5 +443,6 @@ def cases() -> list[Case]:
               for mode in choices.LOSS_AGG),
             *(Case(f"rl_step[algorithm.policy_loss={v}]", "L2", partial(_variant_case, variant=v))
               for v in choices.POLICY_LOSSES if v != "ppo"),  # ppo: the loss_agg cases above
+            Case("rl_step[model.lora]", "L2", _lora_case),
             *(Case(f"{stage}_step", "L2", partial(_stage_case, stage=stage)) for stage in ("sft", "dpo", "rm")),
             Case("critic_step", "L2", _critic_case)]

@@ -10,8 +10,9 @@ from unirl.contract import BackendSpec
 #: Every canonical value: the losses are unirl's reference functions, DeepSpeed steps the models.
 #: ``parallel.dp``: any number of ranks; every ZeRO stage; optimizer (ZeRO 1-3) and parameter
 #: (ZeRO-3) offload to CPU memory.
-# LoRA: the DeepSpeed engine over a PEFT model is not wired up yet
-CAPABILITIES = Capabilities(knobs={**all_values(), "model.lora": {}},
+#: ``model.lora``: the engine steps a PEFT model's adapters (ZeRO-3 partitions the frozen base too and gathers
+#: it whole for the merged weights a rollout takes).
+CAPABILITIES = Capabilities(knobs=all_values(),
                             parallel={"dp": None, "zero_stage": (0, 1, 2, 3), "offload": ("none", "optimizer", "all")})
 
 

@@ -24,13 +24,10 @@ from typing import Any
 
 import torch
 
-from unirl.engine.deepspeed import DS_DTYPE, Stepper, adamw
+from unirl.engine.deepspeed import DS_DTYPE, Stepper, adamw, full_optimizer_state, load_full_optimizer_state
 from unirl.engine.reference_trainer import ReferenceTrainer
 from unirl.models.lifecycle import ModelSet
 from unirl.models.loading import load_tokenizer
-
-#: AdamW's per-parameter states, as torch's AdamW names them
-ADAM_STATES = ("exp_avg", "exp_avg_sq")
 
 
 def ds_config(recipe: Any, lr: float, world: int) -> dict[str, Any]:
@@ -164,51 +161,10 @@ class DeepSpeedRank(ReferenceTrainer):
 
     def optimizer_state(self, name: str) -> dict[str, Any]:
         """Model ``name``'s optimizer as torch's AdamW holds it in one process (collective)."""
-        engine = self.models.steppers[name]
-        if engine.zero_optimization_stage() == 0:
-            return engine.optimizer.state_dict()
-        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
-
-        inner = engine.optimizer.optimizer  # torch's AdamW over the rank's flat fp32 partitions
-        params = self._trained_params(name)
-        groups = [{**{k: v for k, v in inner.param_groups[0].items() if k != "params"},
-                   "params": list(range(len(params)))}]
-        if not inner.state:
-            return {"state": {}, "param_groups": groups}
-        step = next(iter(inner.state.values()))["step"]
-        state = {}
-        for i, param in enumerate(params):
-            state[i] = {"step": step.clone(), **{k: safe_get_full_optimizer_state(param, k).clone() for k in ADAM_STATES}}
-            if self.recipe.model.dtype != "float32":  # the fp32 master weights the module's copy is rounded from
-                state[i]["fp32"] = safe_get_full_fp32_param(param).clone()
-        return {"state": state, "param_groups": groups}
+        return full_optimizer_state(self.models.steppers[name], self._trained_params(name), self.recipe.model.dtype)
 
     def load_optimizer_state(self, name: str, sd: dict[str, Any]) -> None:
-        engine = self.models.steppers[name]
-        if engine.zero_optimization_stage() == 0:
-            engine.optimizer.load_state_dict(sd)
-            return
-        if not sd["state"]:
-            return  # saved before its first step: nothing to restore
-        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
-
-        inner = engine.optimizer.optimizer
-        step = sd["state"][0]["step"]
-        # ZeRO creates AdamW's states at the first step (lazily); create them now, as zeros
-        # with the saved step count, and write the saved values into the rank's partitions
-        # (ZeRO-3 puts its flat partitions into the optimizer's groups only while it steps them)
-        flats = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
-        for flat in flats if flats is not None else [f for g in inner.param_groups for f in g["params"]]:
-            inner.state[flat] = {"step": step.clone(), **{k: torch.zeros_like(flat) for k in ADAM_STATES}}
-        link = getattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)  # ZeRO 1-2: map params to them
-        if link is not None:
-            link()
-        for i, param in enumerate(self._trained_params(name)):
-            for key in ADAM_STATES:
-                safe_set_full_optimizer_state(param, sd["state"][i][key].float(), key)
-            if "fp32" in sd["state"][i]:
-                safe_set_full_fp32_param(param, sd["state"][i]["fp32"])
-
+        load_full_optimizer_state(self.models.steppers[name], self._trained_params(name), sd)
 
 
 def _world() -> int:

@@ -51,6 +51,11 @@ CAPABILITIES = Capabilities(
         "algorithm.value_clip": {},  # only with gae (unsupported)
         "algorithm.dpo_loss": {"sigmoid": N, "ipo": N},  # --model.ipo_enable
         "algorithm.label_smoothing": {ON: N},  # --model.label_smoothing (cDPO)
+        # --ds.lora.rank / alpha / dropout / target_modules: Actor wraps the policy with PEFT's get_peft_model
+        # (openrlhf/models/actor.py:177-188, LoraConfig CAUSAL_LM, bias="none"); engine mode wraps it with the same
+        # LoraConfig (unirl.models.lora.wrap). OpenRLHF also puts adapters on a critic (ppo_critic.py:201), but its
+        # advantages here have no critic.
+        "model.lora": {ON: N},
     },
     fixed={
         "algorithm.adv_eps": Fixed(1e-9, f"{_EM}: group_norm divides by rewards.std() + 1e-9",
@@ -67,6 +72,24 @@ CAPABILITIES = Capabilities(
     parallel={"dp": 1, "zero_stage": (0, 1, 2)},
     environments=True,  # trainer mode: the environment as OpenRLHF's agent function (unirl_backends.openrlhf.agent)
 )
+
+
+def _lora(recipe: Any, mode: str) -> str | None:
+    """What OpenRLHF's LoRA arguments cannot take."""
+    lora = ((recipe.get("model") or {}).get("lora") or {}) if recipe is not None else {}
+    if not lora.get("rank"):
+        return None
+    if mode == "trainer":
+        return ("model.lora with mode=trainer: OpenRLHF 0.11.2's broadcast_to_vllm sends the PEFT model's own "
+                "parameter names (openrlhf/trainer/ray/ppo_actor.py:477-485: base_model.model.*.base_layer.weight, "
+                "lora_A / lora_B), which vLLM's load_weights does not know (OpenRLHF#546), and its save_model writes "
+                "the adapter alone (utils/deepspeed/deepspeed.py:570-572). Use mode=engine (unirl syncs the merged "
+                "weights) or model.lora.rank=0.")
+    alpha = lora.get("alpha")
+    if alpha is not None and float(alpha) != int(float(alpha)):
+        return (f"model.lora.alpha={alpha}: OpenRLHF's --ds.lora.alpha is an integer (openrlhf/cli/"
+                f"train_ppo_ray.py:385, type=int). Set model.lora.alpha={round(float(alpha))} or another integer.")
+    return None
 
 
 def _gspo(recipe: Any) -> str | None:
@@ -120,7 +143,7 @@ class OpenRLHFOptions:
             return f"param_dtype={cfg.param_dtype!r}; allowed: 'bf16', 'fp16' (or empty: model.dtype)."
         if cfg.n_gpus_per_node < 1:
             return f"n_gpus_per_node={cfg.n_gpus_per_node} must be >= 1."
-        problem = _gspo(recipe)
+        problem = _gspo(recipe) or _lora(recipe, cfg.mode)
         if problem or cfg.mode != "trainer":
             return problem
         problem = refused_stages(recipe, {"rl": "OpenRLHF's train_ppo_ray", "dpo": "OpenRLHF's train_dpo"},

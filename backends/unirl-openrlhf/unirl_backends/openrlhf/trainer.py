@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from unirl.batch import PairBatch, RolloutBatch, SFTBatch, on_device
-from unirl.engine.deepspeed import Stepper
+from unirl.engine.deepspeed import Stepper, full_optimizer_state, load_full_optimizer_state
 from unirl.engine.update import run_mini_batches
 from unirl.errors import ConfigError
 from unirl.models.lifecycle import ModelSet
@@ -213,20 +213,21 @@ class OpenRLHFTrainer:
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        return {"models": {k: m.state_dict() for k, m in self.models.models.items()},
-                "optimizers": {k: e.optimizer.state_dict() for k, e in self.models.steppers.items()},
+        dtype = self.recipe.model.dtype
+        return {"models": {k: self.models.checkpoint_state(k) for k in self.models.models},
+                "optimizers": {k: full_optimizer_state(e, self._trained_params(k), dtype)
+                               for k, e in self.models.steppers.items()},
                 "trained": sorted(self.models.trained)}
+
+    def _trained_params(self, name: str) -> list[Any]:
+        return [p for p in self.models.models[name].parameters() if p.requires_grad]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         models = dict(state["models"])
         models.pop("critic", None)  # no critic on this backend
         self.models.restore_models(models)
-        for name, sd in state["optimizers"].items():
-            engine = self.models.steppers[name]
-            if engine.zero_optimization_stage() > 0:  # ZeRO keeps fp32 partitions: restore them too
-                engine.optimizer.load_state_dict([sd], load_from_fp32_weights=True)
-            else:
-                engine.optimizer.load_state_dict(sd)
+        for name, sd in state["optimizers"].items():  # torch's AdamW form at every ZeRO stage
+            load_full_optimizer_state(self.models.steppers[name], self._trained_params(name), sd)
         self.models.trained = set(state["trained"])
 
     def export(self, run_dir: str) -> dict[str, str]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from unirl.config.derived import stage_lr
 from unirl.errors import ConfigError
+from unirl.models.lora import lora_section
 from unirl_backends.openrlhf.loader import parse_args
 from unirl_backends.openrlhf.plugin import zero_stage
 
@@ -50,9 +51,17 @@ def kl_settings(algo: Any) -> tuple[bool, float, str]:
     return False, float(algo.kl_reward_coef), algo.kl_reward_estimator
 
 
+def lora_argv(lora: Any) -> list[str]:
+    """``model.lora`` -> ``--ds.lora.*`` (train_ppo_ray and train_dpo take the same four)."""
+    if lora is None:
+        return []
+    return ["--ds.lora.rank", str(int(lora.rank)), "--ds.lora.alpha", str(int(float(lora.alpha))),
+            "--ds.lora.dropout", str(float(lora.dropout)), "--ds.lora.target_modules", *map(str, lora.target_modules)]
+
+
 def ppo_argv(algo: Any, *, trainer: Any = None, rollout: Any = None, stage: Any = None, model_path: str = "model",
              data_path: str = "prompts.jsonl", seed: int = 0, zero_stage: int = 0, options: Any = None,
-             environment: Any = None) -> list[str]:
+             environment: Any = None, lora: Any = None) -> list[str]:
     """``train_ppo_ray`` arguments for one ``rl`` stage (or, without a stage, for the math alone)."""
     if algo.loss_agg not in LOSS_AGG:
         raise ConfigError(f"algorithm.loss_agg={algo.loss_agg!r} has no --actor.loss_agg_mode in OpenRLHF; allowed: "
@@ -103,7 +112,7 @@ def ppo_argv(algo: Any, *, trainer: Any = None, rollout: Any = None, stage: Any 
     options = options or {}
     if options.get("param_dtype"):
         argv += ["--ds.param_dtype", options["param_dtype"]]
-    return argv
+    return argv + lora_argv(lora)
 
 
 def dpo_argv(recipe: Any, stage: Any, *, model_path: str, data_path: str, zero_stage: int = 0,
@@ -124,7 +133,7 @@ def dpo_argv(recipe: Any, stage: Any, *, model_path: str, data_path: str, zero_s
         argv.append("--model.ipo_enable")
     if (options or {}).get("param_dtype"):
         argv += ["--ds.param_dtype", options["param_dtype"]]
-    return argv
+    return argv + lora_argv(lora_section(recipe))
 
 
 def translate(recipe: Any, model_path: str, run_dir: str, options: Any = None) -> dict[str, Any]:
@@ -137,7 +146,8 @@ def translate(recipe: Any, model_path: str, run_dir: str, options: Any = None) -
         if stage.type == "rl":
             out[stage.name] = parse_args("train_ppo_ray", ppo_argv(
                 recipe.algorithm, trainer=recipe.trainer, rollout=recipe.rollout, stage=stage, model_path=model_path,
-                data_path=str(data / f"{stage.name}.jsonl"), seed=recipe.seed, zero_stage=zero, options=options))
+                data_path=str(data / f"{stage.name}.jsonl"), seed=recipe.seed, zero_stage=zero, options=options,
+                lora=lora_section(recipe)))
         elif stage.type == "dpo":
             out[stage.name] = parse_args("train_dpo", dpo_argv(recipe, stage, model_path=model_path,
                                                                data_path=str(data / f"{stage.name}.jsonl"),
@@ -186,4 +196,6 @@ def read_back(native: dict[str, Any]) -> list[tuple[str, Any]]:
             out += [("stages.type", "dpo"), ("algorithm.dpo_loss", "ipo" if args.model.ipo_enable else "sigmoid")]
             if args.model.label_smoothing:
                 out.append(("algorithm.label_smoothing", ON))
+        if args.ds.lora.rank > 0:
+            out.append(("model.lora", ON))
     return out

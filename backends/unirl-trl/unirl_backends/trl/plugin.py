@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unirl import hookimpl
-from unirl.capabilities import Capabilities, Fixed, Support
+from unirl.capabilities import ON, Capabilities, Fixed, Support
 from unirl.contract import BackendSpec
 
 N = Support.NATIVE
@@ -41,6 +41,9 @@ CAPABILITIES = Capabilities(
         "algorithm.value_clip": {},
         "algorithm.dpo_loss": {"sigmoid": N},  # TRL's ipo divides the log-ratios by completion length
         "algorithm.label_smoothing": {},  # TRL's sigmoid ignores it; its robust loss is a different formula
+        # the policy is a PeftModel (unirl.models.lora.wrap: the LoraConfig TRL's peft_config would give), which
+        # TRL's trainers train as passed (grpo_trainer.py:164-176); stages with a reference are refused (_lora)
+        "model.lora": {ON: N},
     },
     fixed={
         "algorithm.clip_low": Fixed(1.0, "trl/trainer/grpo_trainer.py:3110: loss_type='cispo' clamps the ratio with "
@@ -78,6 +81,24 @@ def _policy_loss_normaliser(recipe: Any) -> str | None:
     return None
 
 
+def _lora(recipe: Any) -> str | None:
+    """LoRA with a reference model: TRL makes the reference of a PeftModel a "ref" adapter copied from the
+    policy's adapter when a trainer is built (grpo_trainer.py:478-505), so a resumed stage would copy the
+    mid-stage adapter instead of the stage-start policy's."""
+    if recipe is None or not int(((recipe.get("model") or {}).get("lora") or {}).get("rank") or 0):
+        return None
+    from unirl.config.derived import stage_needs
+
+    for st in recipe.stages:
+        if stage_needs(recipe, st.type).reference:
+            return (f"model.lora with stage {st.name!r} ({st.type}), which needs a reference model: TRL makes the "
+                    f"reference of a PEFT model a 'ref' adapter copied from the policy's when its trainer is built "
+                    f"(trl/trainer/grpo_trainer.py:478-505), so a resumed stage would take the mid-stage adapter as "
+                    f"its reference. Set algorithm.kl_loss_coef=0 (rl), run it on backend=native, deepspeed or "
+                    f"openrlhf, or model.lora.rank=0.")
+    return None
+
+
 @dataclass
 class TRLOptions:
     """``backend_options`` for ``backend=trl``."""
@@ -96,7 +117,7 @@ class TRLOptions:
             return f"vllm_mode={cfg.vllm_mode!r}; allowed: 'colocate', 'server'."
         if cfg.device not in ("auto", "cpu", "cuda"):
             return f"device={cfg.device!r}; allowed: 'auto', 'cpu', 'cuda'."
-        problem = _policy_loss_normaliser(recipe)
+        problem = _policy_loss_normaliser(recipe) or _lora(recipe)
         if problem:
             return problem
         if not 0 < cfg.vllm_gpu_memory_utilization <= 1:

@@ -30,6 +30,7 @@ from unirl.config.derived import stage_needs
 from unirl.errors import ConfigError, RunError
 from unirl.models.lifecycle import grad_norm
 from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
+from unirl.models.lora import adapter_state, lora_section, merged, save_adapter, wrap
 from unirl.protocols import BuildContext, StageInputs
 from unirl_backends.trl.translate import stage_config, use_cuda
 
@@ -70,6 +71,9 @@ class TRLTrainer:
         if self.options.get("use_vllm"):
             self._check_vllm()
         self.policy = load_causal_lm(ctx.model_path, self.recipe.model.dtype)
+        self.lora = lora_section(self.recipe)
+        if self.lora is not None:  # a PeftModel, which TRL's trainers take as the model (grpo_trainer.py:164-176)
+            self.policy = wrap(self.policy, self.lora, seed=self.recipe.seed)
         if self.cuda:
             self.policy.to("cuda")
         self.policy.train()
@@ -208,7 +212,9 @@ class TRLTrainer:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(config.to_json_string())
         (out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        call = f"trl.{type(config).__name__.replace('Config', 'Trainer')}(model, args=config, train_dataset=rows"
+        model = "model" if self.lora is None else (f"get_peft_model(model, LoraConfig(r={self.lora.rank}, lora_alpha="
+                                                   f"{self.lora.alpha}, target_modules={list(self.lora.target_modules)}))")
+        call = f"trl.{type(config).__name__.replace('Config', 'Trainer')}({model}, args=config, train_dataset=rows"
         if multi_turn:
             pinned = OmegaConf.merge(self.recipe, {"backend_options": {"dry_run": False}})
             (out / "recipe.yaml").write_text("# written by unirl for the environment_factory (environment.py)\n"
@@ -328,10 +334,18 @@ class TRLTrainer:
 
     # ------------------------------------------------------------------ state
 
+    def _saved(self, model: Any) -> dict[str, Any]:
+        """A model's state as a checkpoint keeps it (of a LoRA policy, the adapters alone)."""
+        state = model.state_dict()
+        return adapter_state(state) if self.lora is not None else state
+
+    def _load(self, model: Any, state: dict[str, Any]) -> None:
+        model.load_state_dict({**model.state_dict(), **state} if self.lora is not None else state)
+
     def state_dict(self) -> dict[str, Any]:
-        models = {"policy": self.policy.state_dict()}
+        models = {"policy": self._saved(self.policy)}
         if self.reference is not None:
-            models["reference"] = self.reference.state_dict()
+            models["reference"] = self._saved(self.reference)
         live = self._live.optimizer if self._live is not None and self._live.optimizer is not None else None
         optimizer = live.state_dict() if live is not None else self.optimizer_state
         return {"models": models, "optimizers": {"policy": optimizer} if optimizer is not None else {},
@@ -339,19 +353,23 @@ class TRLTrainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         models = state["models"]
-        self.policy.load_state_dict(models["policy"])
+        self._load(self.policy, models["policy"])
         self.reference = None
         if "reference" in models:
             self.reference = self._frozen_copy()
-            self.reference.load_state_dict(models["reference"])
+            self._load(self.reference, models["reference"])
         self.optimizer_state = state["optimizers"].get("policy")
         self.stage_task_state = state.get("stage_task_state")
 
     def export(self, run_dir: str) -> dict[str, str]:
         self._unpatch()
         path = str(Path(run_dir) / "model")
-        save_hf_model(self.policy, self.tokenizer, path)
-        return {"policy": path}
+        if self.lora is None:
+            save_hf_model(self.policy, self.tokenizer, path)
+            return {"policy": path}
+        save_adapter(self.policy, str(Path(run_dir) / "adapter"))  # PEFT's adapter, then the merged model
+        save_hf_model(merged(self.policy), self.tokenizer, path)
+        return {"policy": path, "adapter": str(Path(run_dir) / "adapter")}
 
     def close(self) -> None:
         self._live = None

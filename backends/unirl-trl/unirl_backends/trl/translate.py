@@ -14,6 +14,7 @@ from typing import Any
 from unirl.capabilities import ON
 from unirl.config.derived import loss_norm_length, stage_lr
 from unirl.errors import CapabilityError, ConfigError
+from unirl.models.lora import lora_config, lora_section
 from unirl_backends.trl.plugin import POLICY_LOSS_AGG
 
 #: unirl loss_agg -> TRL GRPO loss_type, each with the same normaliser over a full step
@@ -136,10 +137,20 @@ def _episodes(recipe: Any) -> dict[str, Any]:
             "max_tool_calling_iterations": int(env.get("max_turns", 4)) - 1}
 
 
+#: the key of :func:`translate`'s ``peft_config`` (a trainer argument of TRL's, not a config field)
+PEFT_CONFIG = "peft_config"
+
+
 def translate(recipe: Any, output_dir: str, options: Any = None) -> dict[str, Any]:
-    """``{stage name: TRL config}`` for every stage; TRL's own ``__post_init__`` validates each."""
-    return {stage.name: stage_config(recipe, stage, output_dir=f"{output_dir}/{stage.name}", options=options)
-            for stage in recipe.stages}
+    """``{stage name: TRL config}`` for every stage; TRL's own ``__post_init__`` validates each. With
+    ``model.lora``, also ``peft_config``: the ``LoraConfig`` the policy is wrapped with (what TRL's
+    trainers take as ``peft_config``; grpo_trainer.py:433-476 wraps the model with it the same way)."""
+    out: dict[str, Any] = {stage.name: stage_config(recipe, stage, output_dir=f"{output_dir}/{stage.name}",
+                                                    options=options) for stage in recipe.stages}
+    lora = lora_section(recipe)
+    if lora is not None:
+        out[PEFT_CONFIG] = lora_config(lora)
+    return out
 
 
 def read_back(native: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -165,4 +176,6 @@ def read_back(native: dict[str, Any]) -> list[tuple[str, Any]]:
             out += [("algorithm.dpo_loss", loss) for loss in config.loss_type]
         elif isinstance(config, trl.SFTConfig):
             out.append(("stages.type", "sft" if config.completion_only_loss else "cpt"))
+        elif type(config).__name__ == "LoraConfig" and config.r > 0:  # peft.LoraConfig (peft_config)
+            out.append(("model.lora", ON))
     return out

@@ -48,8 +48,13 @@ CAPABILITIES = Capabilities(
         "algorithm.value_clip": {},
         "algorithm.dpo_loss": {},
         "algorithm.label_smoothing": {},
+        # actor_rollout_ref.model.lora_rank / lora_alpha / target_modules: the FSDP engine wraps the model with
+        # PEFT (workers/engine/fsdp/transformer_impl.py:339-368); engine mode (trainer mode refuses it: _lora)
+        "model.lora": {ON: N},
     },
     fixed={
+        "model.lora.dropout": Fixed(0.0, "verl/workers/engine/fsdp/transformer_impl.py:359-368 builds the LoraConfig "
+                                    "without lora_dropout (HFModelConfig has no dropout key)", when=(("model.lora", ON),)),
         "algorithm.loss_agg": Fixed("seq_mean_token_mean", f"{_ALGOS}:1689: compute_policy_loss_sapo aggregates with "
                                     "seq-mean-token-mean whatever actor.loss_agg_mode",
                                     when=(_RL, ("algorithm.policy_loss", "sapo"))),
@@ -97,7 +102,7 @@ class VerlOptions:
         for key in ("n_gpus_per_node", "nnodes", "max_prompt_length"):
             if getattr(cfg, key) < 1:
                 return f"{key}={getattr(cfg, key)} must be >= 1."
-        problem = _gmpo_micro_batches(recipe)
+        problem = _gmpo_micro_batches(recipe) or _lora(recipe, cfg.mode)
         if problem or cfg.mode != "trainer":
             return problem
         if recipe is not None and recipe.algorithm.get("overlong_buffer") is not None:
@@ -111,6 +116,22 @@ class VerlOptions:
                                        fix="run it on a GPU machine with them installed (scripts/gpu/verl.sh), use "
                                            "mode=engine here, or add backend_options.dry_run=true to write the files "
                                            "and print the command")
+
+
+def _lora(recipe: Any, mode: str) -> str | None:
+    """What verl's LoRA keys cannot take (``actor_rollout_ref.model.lora_alpha`` is an int)."""
+    lora = ((recipe.get("model") or {}).get("lora") or {}) if recipe is not None else {}
+    if not lora.get("rank"):
+        return None
+    if mode == "trainer":
+        return ("model.lora with mode=trainer: verl's main_ppo with LoRA syncs adapters to its rollout engine and saves "
+                "them apart from the model (its own checkpoint layout), which unirl has not run on a GPU yet. Use "
+                "mode=engine (verl's FSDP engine wraps the model; unirl syncs the merged weights) or model.lora.rank=0.")
+    alpha = lora.get("alpha")
+    if alpha is not None and float(alpha) != int(float(alpha)):
+        return (f"model.lora.alpha={alpha}: verl's lora_alpha is an integer (verl/workers/config/model.py:125, "
+                f"lora_alpha: int). Set model.lora.alpha={round(float(alpha))} or another integer.")
+    return None
 
 
 def _gmpo_micro_batches(recipe: Any) -> str | None:

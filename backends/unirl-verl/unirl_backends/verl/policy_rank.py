@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from unirl.config.derived import loss_norm_length
+from unirl.models.lora import lora_section
 from unirl_backends.verl.math import rollout_is_weights
 from unirl_backends.verl.runtime import import_engine
 
@@ -33,10 +34,14 @@ def worker_config(recipe: Any, model_path: str, *, lr: float) -> Any:
 
     t = recipe.trainer
     dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[recipe.model.dtype]
+    lora = lora_section(recipe)
+    # model.lora: the engine wraps the model with PEFT itself (workers/engine/fsdp/transformer_impl.py:339-368)
+    adapters = {} if lora is None else {"lora_rank": int(lora.rank), "lora_alpha": int(float(lora.alpha)),
+                                        "target_modules": [str(m) for m in lora.target_modules]}
     return TrainingWorkerConfig(
         model_type="language_model",
         model_config=HFModelConfig(path=model_path, override_config={"attn_implementation": "sdpa"},
-                                   use_remove_padding=True, enable_gradient_checkpointing=False),
+                                   use_remove_padding=True, enable_gradient_checkpointing=False, **adapters),
         # the engine reads the parameter dtype from mixed_precision (None would mean bf16 parameters)
         engine_config=FSDPEngineConfig(
             strategy="fsdp2", model_dtype=dtype, use_dynamic_bsz=False, use_torch_compile=False,
@@ -156,7 +161,11 @@ class PolicyRank:
         """Unsharded model tensors (and optimizer state) on CPU. With ``rank0_only`` (what the
         driver asks for) they are gathered to rank 0 only (torch's ``full_state_dict`` with
         ``cpu_offload``): the other ranks take part in the gather and return empty dicts, so
-        one copy crosses to the driver."""
+        one copy crosses to the driver. An optimizer that has not stepped is saved (and loaded) as
+        it is: torch's ``get/set_optimizer_state_dict`` would first run a zero-gradient ``step()``
+        to create its state (torch/distributed/checkpoint/state_dict.py ``_init_optim_state``),
+        which AdamW counts, so the first real step would take the bias correction of the second
+        (measured: a LoRA update 0.74x the reference's after a checkpoint before the first step)."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
@@ -167,7 +176,9 @@ class PolicyRank:
         opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
         model = {k: v.detach().cpu().clone() for k, v in get_model_state_dict(engine.module, options=opts).items()}
         optim = None
-        if optimizer:
+        if optimizer and not engine.optimizer.state:  # never stepped: as it is (_init_optim_state would step it)
+            optim = _to_cpu(engine.optimizer.state_dict())
+        elif optimizer:
             optim = _to_cpu(get_optimizer_state_dict(engine.module, engine.optimizer, options=opts))
         return model, optim
 
@@ -200,6 +211,8 @@ class PolicyRank:
         engine = getattr(self, which).engine
         opts = StateDictOptions(full_state_dict=True)
         set_model_state_dict(engine.module, dict(model), options=opts)  # torch replaces values in place: copies
+        if optim is not None and not optim["state"]:  # saved before its first step: nothing to restore
+            return
         if optim is not None:
             set_optimizer_state_dict(engine.module, engine.optimizer, copy.deepcopy(optim), options=opts)
 

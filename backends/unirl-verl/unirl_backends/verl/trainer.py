@@ -21,6 +21,7 @@ from unirl.config.derived import stage_needs
 from unirl.engine.update import mini_batch, require_update_fields
 from unirl.errors import ConfigError
 from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
+from unirl.models.lora import adapter_state, lora_section, merged, save_adapter, wrap, wrap_quietly
 from unirl.models.weights import WeightSync
 from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
 
@@ -48,6 +49,10 @@ class VerlTrainer:
                                  collectives=bool(self.recipe.profile.collectives))
         self.has_reference = False
         self.weights = WeightSync()
+        self.lora = lora_section(self.recipe)
+        self._wrapped: Any = None  # with model.lora: a CPU copy of the PEFT model that merges the engine's state
+        if self.lora is not None:
+            self._start_adapters()
 
     # ------------------------------------------------------------------ helpers
 
@@ -159,18 +164,48 @@ class VerlTrainer:
         return {key: torch.cat([p[key][0] for p in parts]) if sharded else tensor
                 for key, (tensor, sharded) in parts[0].items()}
 
+    def _start_adapters(self) -> None:
+        """The engine's adapters set to the ones every backend starts from (``wrap`` with the recipe's
+        seed): each rank's engine drew its own from wherever its generator stood, which differs with
+        ``parallel.dp`` (measured: max 0.25 between dp=1 and dp=2)."""
+        start = adapter_state(wrap(load_causal_lm(self.model_path, self.recipe.model.dtype), self.lora,
+                                   seed=self.recipe.seed).state_dict())
+        base = self.ranks.call("full_state", which="policy", optimizer=False)[0][0]
+        self.ranks.call("load_full_state", model={**base, **start})
+
+    def _peft_policy(self) -> Any:
+        """With ``model.lora``: the engine's policy (PEFT's names) in a CPU PEFT model of the same
+        adapters, kept between calls."""
+        if self._wrapped is None:
+            self._wrapped = wrap_quietly(load_causal_lm(self.model_path, self.recipe.model.dtype), self.lora)
+        self._wrapped.load_state_dict(self._assembled_policy())
+        return self._wrapped
+
+    def _plain_policy(self) -> dict[str, torch.Tensor]:
+        """The policy under the base architecture's names (with LoRA: merged, what a rollout takes)."""
+        if self.lora is None:
+            return self._assembled_policy()
+        return merged(self._peft_policy()).state_dict()
+
     def sync_weights(self, rollout: RolloutEngine) -> dict[str, float]:
-        return self.weights.sync(rollout, self._assembled_policy)
+        return self.weights.sync(rollout, self._plain_policy)
+
+    def _kept(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What a checkpoint keeps of a model (with LoRA, the adapters: the base is model.path's)."""
+        return adapter_state(state) if self.lora is not None else state
 
     def state_dict(self) -> dict[str, Any]:
         model, optim = self.ranks.call("full_state", which="policy", optimizer=True)[0]
-        models = {"policy": model}
+        models = {"policy": self._kept(model)}
         if self.has_reference:
-            models["reference"] = self.ranks.call("full_state", which="reference", optimizer=False)[0][0]
+            models["reference"] = self._kept(self.ranks.call("full_state", which="reference", optimizer=False)[0][0])
         return {"models": models, "optimizers": {"policy": optim}, "has_reference": self.has_reference}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        models = state["models"]
+        models = dict(state["models"])
+        if self.lora is not None:  # the adapters over the engine's own (frozen) base
+            base = self.ranks.call("full_state", which="policy", optimizer=False)[0][0]
+            models = {name: {**base, **sd} for name, sd in models.items()}
         self.ranks.call("load_full_state", model=models["policy"], optim=state["optimizers"]["policy"])
         if "reference" in models:
             self.ranks.call("load_full_state", model=models["reference"], which="reference")
@@ -178,9 +213,15 @@ class VerlTrainer:
         self.weights.updated()
 
     def export(self, run_dir: str) -> dict[str, str]:
-        """The policy as a Hugging Face directory (``model/``, safetensors)."""
+        """The policy as a Hugging Face directory (``model/``, safetensors); with LoRA, the merged
+        model there and PEFT's adapter in ``adapter/``."""
+        path = str(Path(run_dir) / "model")
+        if self.lora is not None:
+            wrapped = self._peft_policy()
+            save_adapter(wrapped, str(Path(run_dir) / "adapter"))
+            save_hf_model(merged(wrapped), self.tokenizer, path)
+            return {"policy": path, "adapter": str(Path(run_dir) / "adapter")}
         model = load_causal_lm(self.model_path, self.recipe.model.dtype)
         model.load_state_dict(self._assembled_policy())
-        path = str(Path(run_dir) / "model")
         save_hf_model(model, self.tokenizer, path)
         return {"policy": path}

@@ -16,6 +16,7 @@ from typing import Any
 
 from unirl.config.derived import loss_norm_length, stage_lr
 from unirl.errors import ConfigError
+from unirl.models.lora import lora_section
 from unirl_backends.verl.math import ADVANTAGE, KL, LOSS_AGG, NO_DUAL_CLIP, POLICY_LOSS, clip_ratios, policy_loss_mode
 from unirl_backends.verl.runtime import import_verl
 
@@ -103,6 +104,13 @@ def ppo_overrides(recipe: Any, stage: Any, *, model_path: str, run_dir: str, opt
         "critic.ppo_micro_batch_size_per_gpu": t.micro_batch_size,
         "critic.model.path": model_path,
     }
+    lora = lora_section(recipe)
+    if lora is not None:  # the FSDP engine wraps the actor with PEFT (transformer_impl.py:339-368); the rollout
+        # engine gets the merged weights, as unirl syncs them (lora.merge, transformer_impl.py:996-1014)
+        o.update({"actor_rollout_ref.model.lora_rank": int(lora.rank),
+                  "actor_rollout_ref.model.lora_alpha": int(float(lora.alpha)),
+                  "actor_rollout_ref.model.target_modules": [str(m) for m in lora.target_modules],
+                  "actor_rollout_ref.model.lora.merge": True})
     return [f"{k}={_value(v)}" for k, v in o.items()]
 
 
@@ -173,6 +181,8 @@ def read_back(native: dict[str, Any]) -> list[tuple[str, Any]]:
     for cfg in native.values():
         if isinstance(cfg, dict):
             out.append(("stages.type", {"completion": "sft", "all": "cpt"}[cfg["loss_mask"]]))
+            if cfg["worker"].model_config.lora_rank > 0:
+                out.append(("model.lora", ON))
             continue
         actor, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
         adv = _INV(ADVANTAGE)[algo.adv_estimator]
@@ -193,4 +203,6 @@ def read_back(native: dict[str, Any]) -> list[tuple[str, Any]]:
             out.append(("algorithm.tis_cap", ON))
         if actor.entropy_coeff:
             out.append(("algorithm.entropy_coef", ON))
+        if cfg.actor_rollout_ref.model.get("lora_rank", 0) > 0:
+            out.append(("model.lora", ON))
     return out
