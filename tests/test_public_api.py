@@ -103,8 +103,8 @@ LAYERS = [
     ["unirl.config", "unirl.algorithms", "unirl.registry", "unirl.contract", "unirl.plugin_manager"],
     ["unirl.components", "unirl.models", "unirl.tasks", "unirl.rewards", "unirl.rollouts", "unirl.buffers",
      "unirl.loggers", "unirl.checkpoint", "unirl.distributed", "unirl.builtin_plugin", "unirl.engine.collate"],
-    ["unirl.engine", "unirl.subprocess_stage", "unirl.export"],
-    ["unirl.bench", "unirl.testing", "unirl.cli", "unirl.__main__"],
+    ["unirl.engine", "unirl.subprocess_stage", "unirl.export", "unirl.importing"],
+    ["unirl.bench", "unirl.testing", "unirl.cli", "unirl.__main__", "unirl.explain"],
 ]
 
 

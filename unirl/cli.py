@@ -199,6 +199,66 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_import(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from unirl.errors import ConfigError
+    from unirl.importing import import_config, write_imported
+
+    rest, out, framework_args = list(args.rest), args.out, []
+    if "--" in rest:  # everything after -- is the framework's own command line
+        cut = rest.index("--")
+        rest, framework_args = rest[:cut], rest[cut + 1:]
+    while "-o" in rest or "--out" in rest:  # -o after the framework's arguments
+        flag = "-o" if "-o" in rest else "--out"
+        i = rest.index(flag)
+        if i + 1 >= len(rest):
+            raise ConfigError(f"unirl import: {flag} needs the recipe file to write", key="out", value=None)
+        out = rest[i + 1]
+        del rest[i:i + 2]
+    if out is None:
+        raise ConfigError("unirl import: give -o RECIPE.yaml, the recipe to write", key="out", value=None)
+    source = rest.pop(0) if rest and "=" not in rest[0] and not rest[0].startswith("-") else None
+    if source is not None and not Path(source).is_file():
+        raise ConfigError(f"unirl import {args.framework}: {source!r} is not a file. Give the framework's "
+                          f"configuration file first, then key=value overrides.", key="source", value=source)
+    imported = import_config(args.framework, source, [*rest, *framework_args])
+    path, warnings = write_imported(imported, out)
+    print(f"wrote {path}: {args.framework} configuration as a unirl recipe "
+          f"(backend={imported.recipe.get('backend')}; {len(imported.defaults)} framework defaults set knobs, "
+          f"{len(imported.unexpressed)} options not expressible, {len(imported.ignored)} with no effect on the math)")
+    for title, notes in (("framework defaults that set a knob you did not write", imported.defaults),
+                         ("not expressible in unirl (the recipe computes without them)", imported.unexpressed),
+                         ("no effect on what is computed", imported.ignored)):
+        if notes:
+            print(f"{title}:")
+            for note in notes:
+                print(f"  {note.line()}")
+    for warning in warnings:
+        print(f"unirl: warning: {warning}")
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    import json
+
+    from unirl.config import load_recipe
+    from unirl.explain import explain, print_table
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    frameworks = [b.strip() for b in args.backends.split(",") if b.strip()]
+    diffs = explain(recipe, frameworks)
+    print_table(diffs)
+    print(f"{len(diffs)} knobs where a framework's default differs from {args.recipe}; effects measured with unirl's "
+          f"reference step on the tiny model and the conformance kit's batch")
+    if args.json:
+        from dataclasses import asdict
+
+        with open(args.json, "w") as f:
+            json.dump([asdict(d) for d in diffs], f, indent=1, default=str)
+    return 0
+
+
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
     from unirl.models.tiny import build_tiny_model
 
@@ -281,6 +341,26 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("source", metavar="RUN_DIR|CHECKPOINT")
     exp.add_argument("out")
     exp.set_defaults(func=_cmd_export)
+    imp = sub.add_parser("import", help="a verl, OpenRLHF or TRL configuration as a unirl recipe",
+                         description="Read FRAMEWORK's own configuration (verl: [CONFIG.yaml|OVERRIDES.txt] "
+                                     "[key=value ...] over main_ppo's defaults; openrlhf: [ARGS.txt] [-- train_ppo_ray "
+                                     "or train_dpo arguments]; trl: CONFIG.json|yaml of GRPOConfig / DPOConfig / "
+                                     "SFTConfig fields) and write a recipe, listing the framework defaults that set a "
+                                     "knob, the options unirl cannot express and those with no effect on the math.")
+    imp.add_argument("framework", help="the backend whose framework wrote the configuration (verl, openrlhf, trl)")
+    imp.add_argument("-o", "--out", help="the recipe to write")
+    imp.add_argument("rest", nargs=argparse.REMAINDER, metavar="[SOURCE] [ARGS]")
+    imp.set_defaults(func=_cmd_import)
+    ex = sub.add_parser("explain", help="what verl, OpenRLHF and TRL compute with their defaults where RECIPE differs",
+                        description="For each framework, every semantic knob whose default differs from RECIPE, the "
+                                    "formula's section in docs/semantics.md and the measured effect of the default on "
+                                    "one reference step (loss and parameter difference).")
+    ex.add_argument("recipe")
+    ex.add_argument("overrides", nargs="*", metavar="key=value")
+    ex.add_argument("--backends", default="verl,openrlhf,trl", help="frameworks whose defaults to compare (backends "
+                                                                   "with an importer)")
+    ex.add_argument("--json", metavar="PATH", help="also write the differences as JSON")
+    ex.set_defaults(func=_cmd_explain)
     tiny = sub.add_parser("tiny-model", help="write the tiny random-init Qwen2 model and tokenizer to OUT")
     tiny.add_argument("out")
     tiny.add_argument("--seed", type=int, default=0)

@@ -82,7 +82,9 @@ class BackendSpec:
     ``"engine"`` (unirl's loop; the trainer is an :class:`~unirl.protocols.EngineTrainer`),
     ``"trainer"`` (the framework's loop; a :class:`~unirl.protocols.StageRunner`), or a function
     of the validated options returning one of them (a backend offering both). ``contract``: the
-    contract version it was written for.
+    contract version it was written for. ``importer`` (optional): the module that reads the
+    framework's own configuration into a recipe (a :class:`~unirl.protocols.ConfigImporter`,
+    ``unirl import NAME``).
     """
 
     name: str
@@ -92,6 +94,7 @@ class BackendSpec:
     mode: str | Callable[[Any], str] = "engine"
     contract: int = CONTRACT_VERSION
     description: str = ""
+    importer: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.mode, str) and self.mode not in MODES:

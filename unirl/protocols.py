@@ -405,6 +405,19 @@ class CountedCalls(Protocol):
 
 
 @runtime_checkable
+class ConfigImporter(Protocol):
+    """A framework's own configuration read into a recipe (``BackendSpec.importer``, ``unirl import``):
+    ``from_args(source, args)`` reads what the framework's user has (a file and arguments) with the
+    framework's parser and defaults; ``from_native(native)`` maps the parsed configuration the
+    backend's ``translate`` writes, so ``from_native(translate(recipe))`` gives the recipe's knobs back.
+    Both return a :class:`unirl.importing.ImportedRecipe`."""
+
+    def from_args(self, source: str | None, args: list[str]) -> Any: ...
+
+    def from_native(self, native: dict[str, Any]) -> Any: ...
+
+
+@runtime_checkable
 class TokenGenerator(Protocol):
     """A rollout engine that also samples from token ids (multi-turn episodes need it: the
     episode's context is the ids generated so far plus observations, never re-tokenised text)."""

@@ -6,7 +6,12 @@ from a plugin or from a recipe (``reward: {name: function, function: "module:nam
 - TRL style: ``fn(prompts, completions, **kwargs) -> list[float]``; task fields (e.g.
   ``answer``) arrive as keyword lists, one value per completion;
 - verl style: ``compute_score(data_source, solution_str, ground_truth, extra_info) -> float``
-  (or a dict with a ``"score"`` key), called once per completion.
+  (or a dict with a ``"score"`` key), called once per completion;
+- OpenRLHF style: ``reward_func(queries, prompts, labels)``, called as OpenRLHF calls it.
+
+A ``reward.function`` in TRL's style gets what ``GRPOTrainer`` gives it: keyword arguments,
+messages when the dataset's prompts are conversations, ``log_metric`` / ``log_extra``
+(:mod:`unirl.rewards.conventions`).
 
 Rewards are finite floats; a reward may declare ``reward_range = (low, high)`` (an attribute),
 which the conformance kit and every run then check each score against. What happens when a
@@ -22,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from unirl.errors import ConfigError, did_you_mean
-from unirl.rewards.checked import VERL_PARAMS, CheckedReward, as_batch_fn, reward_name
+from unirl.rewards.checked import VERL_PARAMS, CheckedReward, _is_verl_style, as_batch_fn, reward_name
 from unirl.rewards.policy import RewardPolicy
 
 __all__ = ["VERL_PARAMS", "CheckedReward", "FunctionRewardConfig", "RewardPolicy", "adapt_reward_fn",
@@ -114,7 +119,10 @@ def load_function_reward(config: FunctionRewardConfig, ctx: Any = None) -> Calla
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
         raise ConfigError(f"reward.function={config.function!r}: {target!r} has no function {attr!r}."
                           f"{did_you_mean(attr, names)}", key="reward.function", value=config.function)
-    return fn
+    from unirl.rewards.conventions import TRLConvention, takes_trl_keywords
+
+    # a TRL reward function (its arguments named as TRL passes them) is called as GRPOTrainer calls it
+    return TRLConvention(fn) if takes_trl_keywords(fn) and not _is_verl_style(fn) else fn
 
 
 def score_fn_from_recipe(recipe_path: str) -> Callable[..., float]:

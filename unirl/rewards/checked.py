@@ -36,6 +36,7 @@ def _is_verl_style(fn: Callable[..., Any]) -> bool:
 
 def where(fn: Any) -> str:
     """``file:line`` of a reward function (or of its class), for error messages."""
+    fn = getattr(fn, "__wrapped__", fn)  # a calling convention's wrapper names the function it calls
     target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn)
     try:
         return f"{inspect.getsourcefile(target)}:{inspect.getsourcelines(target)[1]}"
@@ -50,7 +51,12 @@ def reward_name(fn: Any) -> str:
 
 def as_batch_fn(fn: Callable[..., Any], data_source: str = "unirl") -> Callable[..., list[Any]]:
     """``fn`` as a TRL-style batch function ``(prompts, completions, **fields) -> list`` (a
-    verl-style ``compute_score`` is called once per completion); values are not checked."""
+    verl-style ``compute_score`` is called once per completion, an OpenRLHF ``reward_func(queries,
+    prompts, labels)`` as OpenRLHF calls it: :mod:`unirl.rewards.conventions`); values are not checked."""
+    from unirl.rewards.conventions import PROMPT_MESSAGES, OpenRLHFConvention, is_openrlhf_style
+
+    if is_openrlhf_style(fn):
+        return OpenRLHFConvention(fn)
     if not _is_verl_style(fn):
         return fn
 
@@ -62,7 +68,7 @@ def as_batch_fn(fn: Callable[..., Any], data_source: str = "unirl") -> Callable[
             if infos is not None and isinstance(infos[i], dict):
                 extra = dict(infos[i])  # verl's extra_info, as the row holds it
             else:
-                extra = {k: v[i] for k, v in kwargs.items()} | {"prompt": prompt}
+                extra = {k: v[i] for k, v in kwargs.items() if k != PROMPT_MESSAGES} | {"prompt": prompt}
             score = fn(data_source=data_source if sources is None else sources[i], solution_str=completion,
                        ground_truth=refs[i], extra_info=extra)
             out.append(score["score"] if isinstance(score, dict) else score)

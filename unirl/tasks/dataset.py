@@ -22,6 +22,7 @@ from typing import Any
 
 from unirl.errors import DataError
 from unirl.protocols import Example
+from unirl.rewards.conventions import PROMPT_MESSAGES
 from unirl.tasks.chat import NO_TEMPLATE_FIX, ChatRenderer, is_conversation, tokenizer_has_template
 from unirl.tasks.columns import PRESET_NAMES, dig, extra_columns, resolve
 from unirl.tasks.sources import FIX
@@ -152,8 +153,11 @@ class DatasetTask:
         completion = self.renderer.completion(get["prompt"], chosen)
         rejected = self.renderer.completion(get["prompt"], get["rejected"]) if get.get("rejected") is not None else None
         answer = get.get("answer")
+        meta = {k: row[k] for k in extras}
+        if is_conversation(get["prompt"]):  # a TRL-style reward function gets the messages, as in TRL
+            meta[PROMPT_MESSAGES] = [{"role": m["role"], "content": m["content"]} for m in get["prompt"]]
         return Example(prompt=prompt, answer="" if answer is None else str(answer), completion=completion,
-                       rejected=rejected, meta={k: row[k] for k in extras})
+                       rejected=rejected, meta=meta)
 
     def _rows(self, data: Any, indices: list[int]) -> list[dict[str, Any]]:
         columns = data[indices]  # one Arrow take: only these rows are decoded

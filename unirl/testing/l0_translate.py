@@ -27,7 +27,8 @@ def check_translate(ctx: KitContext, key: str, value: object) -> CheckResult:
         if not (hasattr(backend, "translate") and hasattr(backend, "read_back")):
             return CheckResult(name, "L0", "failed", knobs, reason="the backend has no translate()/read_back(); "
                                "a backend must show how each knob it claims lands in its framework's config")
-        got = backend.read_back(backend.translate(recipe))
+        native = backend.translate(recipe)
+        got = backend.read_back(native)
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         return CheckResult(name, "L0", "error", knobs, reason=f"{type(exc).__name__}: {exc}")
     expected = {(k, v) for k, v, _ in recipe_knobs(recipe)}
@@ -41,7 +42,36 @@ def check_translate(ctx: KitContext, key: str, value: object) -> CheckResult:
         parts = ([f"did not read back: {', '.join(missing)}"] if missing else []) + \
             ([f"read back knobs the recipe does not set: {', '.join(extra)}"] if extra else [])
         return CheckResult(name, "L0", "failed", knobs, reason="; ".join(parts))
-    return CheckResult(name, "L0", "passed", knobs, reason=f"{len(expected)} knobs read back, none more")
+    importer = getattr(ctx.registration.spec, "importer", None) if ctx.registration is not None else None
+    if importer is None:
+        return CheckResult(name, "L0", "passed", knobs, reason=f"{len(expected)} knobs read back, none more")
+    try:
+        back = _imported_knobs(ctx, importer, native)
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        return CheckResult(name, "L0", "error", knobs, reason=f"unirl import: {type(exc).__name__}: {exc}")
+    lost = sorted(f"{k}={shown(v)}" for k, v in expected - back if ctx.support(k, v) is not Support.EMULATED)
+    added = sorted(f"{k}={shown(v)}" for k, v in back - expected)
+    if lost or added:
+        parts = ([f"import(translate(recipe)) lost {', '.join(lost)}"] if lost else []) + \
+            ([f"import(translate(recipe)) added {', '.join(added)}"] if added else [])
+        return CheckResult(name, "L0", "failed", knobs, reason="; ".join(parts))
+    return CheckResult(name, "L0", "passed", knobs, reason=f"{len(expected)} knobs read back, none more; "
+                                                           f"import(translate(recipe)) gives them all back")
+
+
+def _imported_knobs(ctx: KitContext, importer: str, native: object) -> set[tuple[str, object]]:
+    """The knobs of the recipe the backend's importer (``unirl import``) makes of its own translation."""
+    import importlib
+
+    from omegaconf import OmegaConf
+
+    from unirl.config.parse import parse_recipe
+
+    imported = importlib.import_module(importer).from_native(native)
+    path = ctx.workdir / "import-round-trip.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(imported.recipe)))
+    return {(k, v) for k, v, _ in recipe_knobs(parse_recipe(path))}
 
 
 def cases() -> list[Case]:

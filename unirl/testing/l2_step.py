@@ -446,3 +446,40 @@ def cases() -> list[Case]:
             Case("rl_step[model.lora]", "L2", _lora_case),
             *(Case(f"{stage}_step", "L2", partial(_stage_case, stage=stage)) for stage in ("sft", "dpo", "rm")),
             Case("critic_step", "L2", _critic_case)]
+
+
+#: algorithm keys an imported recipe's one-step check leaves at the kit's values: the step is one
+#: optimizer step on the kit's batch of 8 sequences in groups of 4
+_STEP_SHAPE = ("group_size", "mini_batches", "ppo_epochs", "dynamic_sampling", "dynamic_sampling_max_batches",
+               "overlong_buffer", "overlong_penalty")
+
+
+def recipe_step_check(ctx: KitContext, recipe: dict[str, Any]) -> CheckResult:
+    """One optimizer step of backend ``ctx.backend`` with the algorithm and optimizer knobs of ``recipe``
+    (plain data, e.g. what ``unirl import`` wrote) on the kit's batch, against the reference step: two
+    backends that both pass take the same update (``unirl import``'s acceptance). The step's shape
+    (group size, mini-batches, epochs) is the kit's; its first stage's type decides the step."""
+    stage = recipe["stages"][0]["type"]
+    algo = {k: v for k, v in (recipe.get("algorithm") or {}).items() if k not in _STEP_SHAPE and v is not None}
+    trainer = {k: v for k, v in (recipe.get("trainer") or {}).items()
+               if k in ("beta1", "beta2", "weight_decay", "grad_clip")}
+    overrides = [f"algorithm.{k}={v}" for k, v in algo.items()] + [f"trainer.{k}={v}" for k, v in trainer.items()]
+    overrides += ["algorithm.group_size=4", "algorithm.mini_batches=1", "algorithm.ppo_epochs=1"]
+    lora = (recipe.get("model") or {}).get("lora")
+    if lora:
+        overrides += [f"model.lora.rank={min(int(lora['rank']), 4)}", f"model.lora.alpha={lora.get('alpha', 8)}"]
+    knobs = {"imported": f"{recipe.get('backend')} {stage}"}
+    if stage == "rl":
+        return _step_check(ctx, "imported_step", knobs,
+                           ["stages=[{name: rl, type: rl, steps: 1, batch_size: 2}]", *overrides], "rl",
+                           lambda tok, m, r: _rl_batch(tok, m["policy"], r.algorithm),
+                           [Trained("policy", "loss/total", "grad/norm", _policy_loss)])
+    from unirl.engine.collate import pair_batch, sft_batch
+
+    make, trained = {
+        "sft": (lambda tok, m, r: sft_batch(tok, _examples()), Trained("policy", "loss/lm", "grad/norm", _sft_loss)),
+        "dpo": (lambda tok, m, r: pair_batch(tok, _examples()), Trained("policy", "loss/dpo", "grad/norm", _dpo_loss)),
+    }[stage]
+    return _step_check(ctx, "imported_step", knobs,
+                       [f"stages=[{{name: s, type: {stage}, steps: 1, batch_size: 6}}]", *overrides], stage, make,
+                       [trained])

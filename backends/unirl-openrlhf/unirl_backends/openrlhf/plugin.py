@@ -176,4 +176,5 @@ def unirl_register_backends(register):
     register(BackendSpec(name="openrlhf", backend="unirl_backends.openrlhf.backend:OpenRLHFBackend",
                          options=OpenRLHFOptions, capabilities=CAPABILITIES, mode=run_mode,
                          description="OpenRLHF 0.11.2: its losses, KL and advantages on a DeepSpeed ZeRO engine (engine mode); "
-                                  "train_ppo_ray / train_dpo (backend_options.mode=trainer, GPU)"))
+                                  "train_ppo_ray / train_dpo (backend_options.mode=trainer, GPU)",
+                         importer="unirl_backends.openrlhf.importer"))

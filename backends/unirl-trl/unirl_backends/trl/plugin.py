@@ -140,4 +140,5 @@ class TRLOptions:
 def unirl_register_backends(register):
     register(BackendSpec(name="trl", backend="unirl_backends.trl.backend:TRLBackend",
                          options=TRLOptions, capabilities=CAPABILITIES, mode="trainer",
-                         description="TRL 1.16: SFTTrainer, DPOTrainer, GRPOTrainer run each stage with their own loop"))
+                         description="TRL 1.16: SFTTrainer, DPOTrainer, GRPOTrainer run each stage with their own loop",
+                         importer="unirl_backends.trl.importer"))

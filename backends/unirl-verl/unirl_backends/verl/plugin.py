@@ -164,7 +164,8 @@ def unirl_register_backends(register):
     register(BackendSpec(name="verl", backend="unirl_backends.verl.backend:VerlBackend",
                          options=VerlOptions, capabilities=CAPABILITIES, mode=run_mode,
                          description="verl 0.9.1: FSDP2 TrainingWorker and core_algos (engine mode, CPU and GPU); "
-                                  "main_ppo (backend_options.mode=trainer, GPU)"))
+                                  "main_ppo (backend_options.mode=trainer, GPU)",
+                         importer="unirl_backends.verl.importer"))
 
 
 @hookimpl

@@ -1,0 +1,134 @@
+"""Reward functions in their framework's calling convention run unchanged (``reward.function``): TRL's
+own built-in rewards on a conversational dataset in TRL's layout (completions as messages, keyword
+arguments, ``log_metric``), and an OpenRLHF ``reward_func(queries, prompts, labels)`` file, on native and
+on their own backend (:mod:`unirl.rewards.conventions`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import ROOT, read_rows
+from unirl.cli import main
+
+RECIPE = ROOT / "configs" / "gsm8k_tiny_grpo.yaml"
+SAMPLE = ROOT / "configs" / "data" / "gsm8k_tiny"
+SHORT = ["stages=[{name: grpo, type: rl, steps: 2, batch_size: 4}]", "algorithm.group_size=4", "checkpoint.every=0",
+         "eval.every=0", "run.threads=1"]
+#: OpenRLHF's custom reward file, in the form of its documentation (``--reward.remote_url reward_func.py``)
+OPENRLHF_REWARD = '''import torch
+
+
+def reward_func(queries, prompts, labels):
+    # queries is prompts + responses; labels is the --data.label_key column
+    reward = torch.tensor([float(q[len(p):].strip().endswith(str(l))) for q, p, l in zip(queries, prompts, labels)])
+    return {"rewards": reward, "scores": reward, "extra_logs": {"dummy_scores": reward + 1}}
+'''
+
+
+@pytest.fixture(scope="module")
+def trl_conversations(tmp_path_factory):
+    """gsm8k_tiny's rows in TRL's conversational layout with its ``solution`` column (what TRL's
+    accuracy_reward reads)."""
+    from datasets import load_from_disk
+
+    rows = [{"prompt": r["prompt"], "solution": r["answer"]} for r in load_from_disk(str(SAMPLE / "hf"))["train"]]
+    path = tmp_path_factory.mktemp("trl") / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_trls_builtin_rewards_get_messages_and_keywords_as_grpotrainer_gives_them(trl_conversations):
+    """The same scores as TRL's functions called the way GRPOTrainer calls them (messages in, keywords)."""
+    pytest.importorskip("trl")
+    from types import SimpleNamespace
+
+    from trl.rewards import accuracy_reward, think_format_reward
+
+    from unirl.components import build_component
+    from unirl.config import load_recipe
+    from unirl.models.tiny import build_tokenizer
+    from unirl.rewards import build_reward
+
+    recipe = load_recipe(RECIPE, [SHORT[0], f"task.path={trl_conversations}", "task.eval_path=null", "model.path=null",
+                                  "reward={name: combined, terms: [{name: function, function: 'trl.rewards:accuracy_reward'}, "
+                                  "{name: function, function: 'trl.rewards:think_format_reward', weight: 0.5}]}"])
+    task = build_component(recipe, "task", "task", SimpleNamespace(recipe=recipe, tokenizer=build_tokenizer(),
+                                                                   model_path=""))
+    examples = task.sample(4)
+    assert all(ex.meta["prompt_messages"][0]["role"] == "user" for ex in examples)
+    completions = [f"\\boxed{{{ex.answer}}}" if i % 2 else f"<think>so</think>{ex.answer}"
+                   for i, ex in enumerate(examples)]
+    fields = {"answer": [ex.answer for ex in examples]}
+    fields |= {k: [ex.meta[k] for ex in examples] for k in examples[0].meta}
+    got = build_reward(recipe)([ex.prompt for ex in examples], completions, **fields)
+    messages = [[{"role": "assistant", "content": c}] for c in completions]
+    want = [a + 0.5 * t for a, t in zip(accuracy_reward(messages, fields["solution"]), think_format_reward(messages),
+                                        strict=True)]
+    assert got == want and got == [0.5, 1.0, 0.5, 1.0]
+
+
+@pytest.mark.parametrize("backend", ["native", "trl"])
+def test_grpo_on_trls_conversational_layout_with_trls_rewards(backend, trl_conversations, tmp_path):
+    pytest.importorskip("trl")
+    run_dir = tmp_path / backend
+    assert main(["run", str(RECIPE), *SHORT, f"backend={backend}", f"task.path={trl_conversations}",
+                 "task.eval_path=null", f"run.dir={run_dir}",
+                 "reward={name: combined, terms: [{name: function, function: 'trl.rewards:accuracy_reward'}, "
+                 "{name: function, function: 'trl.rewards:think_format_reward'}]}"]) == 0
+    rows = read_rows(run_dir)
+    assert len(rows) == 2 and all(0.0 <= r["reward/mean"] <= 2.0 for r in rows)
+
+
+def test_an_openrlhf_reward_func_is_called_as_openrlhf_calls_it(tmp_path):
+    from unirl.rewards import adapt_reward_fn
+
+    path = tmp_path / "reward_func.py"
+    path.write_text(OPENRLHF_REWARD)
+    namespace: dict = {}
+    exec(compile(OPENRLHF_REWARD, str(path), "exec"), namespace)
+    reward = adapt_reward_fn(namespace["reward_func"])
+    assert reward(["1+2=", "3+4="], ["3", "8"], answer=["3", "7"]) == [1.0, 0.0]
+    assert reward.take_counts() == {"reward/log/dummy_scores": 1.5}
+
+
+@pytest.mark.parametrize("backend", ["native", "openrlhf"])
+def test_grpo_scored_by_an_openrlhf_reward_func_file(backend, tmp_path):
+    pytest.importorskip("openrlhf") if backend == "openrlhf" else None
+    path = tmp_path / "reward_func.py"
+    path.write_text(OPENRLHF_REWARD)
+    run_dir = tmp_path / backend
+    assert main(["run", str(RECIPE), *SHORT, f"backend={backend}", f"task.path={SAMPLE / 'openrlhf' / 'train.jsonl'}",
+                 "task.eval_path=null", f"run.dir={run_dir}", f"reward={{name: function, function: '{path}:reward_func'}}"]) == 0
+    rows = read_rows(run_dir)
+    assert len(rows) == 2
+    assert all(abs(r["reward/log/dummy_scores"] - (r["reward/mean"] + 1)) < 1e-6 for r in rows)
+
+
+@pytest.mark.parametrize("backend", ["native", "verl"])
+def test_grpo_scored_by_verls_default_compute_score(backend, tmp_path):
+    """verl's own ``default_compute_score`` on verl's gsm8k parquet: called once per completion with the
+    row's ``data_source`` (openai/gsm8k: verl's gsm8k scorer), ground truth and ``extra_info``."""
+    pytest.importorskip("verl")
+    from verl.utils.reward_score import default_compute_score
+
+    from unirl.rewards import adapt_reward_fn
+
+    reward = adapt_reward_fn(default_compute_score)
+    assert reward(["q", "q"], ["so #### 10", "so 10"], answer=["10", "10"], data_source=["openai/gsm8k"] * 2,
+                  extra_info=[{}, {}]) == [1.0, 0.0]
+    run_dir = tmp_path / backend
+    assert main(["run", str(RECIPE), *SHORT, f"backend={backend}", "task.eval_path=null", f"run.dir={run_dir}",
+                 "reward={name: function, function: 'verl.utils.reward_score:default_compute_score'}"]) == 0
+    assert len(read_rows(run_dir)) == 2
+
+
+def test_an_override_naming_another_reward_replaces_the_section():
+    """reward={name: function, ...} over the recipe's combined reward: the new component's options only."""
+    from unirl.config import load_recipe
+
+    cfg = load_recipe(RECIPE, ["model.path=null", "reward={name: function, function: 'trl.rewards:accuracy_reward'}"])
+    assert cfg.reward.name == "function" and "terms" not in cfg.reward
+    cfg = load_recipe(RECIPE, ["model.path=null", "reward.name=format", "reward.pattern=x"])
+    assert cfg.reward.name == "format" and "terms" not in cfg.reward
