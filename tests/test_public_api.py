@@ -104,7 +104,8 @@ LAYERS = [
     ["unirl.components", "unirl.models", "unirl.tasks", "unirl.rewards", "unirl.rollouts", "unirl.buffers",
      "unirl.loggers", "unirl.checkpoint", "unirl.distributed", "unirl.builtin_plugin", "unirl.engine.collate"],
     ["unirl.engine", "unirl.subprocess_stage", "unirl.export", "unirl.importing"],
-    ["unirl.bench", "unirl.testing", "unirl.cli", "unirl.__main__", "unirl.explain"],
+    ["unirl.bench", "unirl.testing", "unirl.cli", "unirl.__main__", "unirl.explain",
+     "unirl.ops"],
 ]
 
 

@@ -259,6 +259,50 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from unirl.ops.doctor import NO, doctor, print_checks
+
+    checks = doctor(args.run_dir)
+    print_checks(checks, args.json)
+    return 1 if args.strict and any(c.status == NO for c in checks) else 0
+
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from unirl.ops.diagnose import diagnose, print_findings
+
+    findings = diagnose(args.paths)
+    print_findings(findings, args.json)
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from unirl.ops.report import report
+
+    path = report(Path(args.run_dir), Path(args.out) if args.out else None,
+                  Path(args.against) if args.against else None)
+    print(f"wrote {path} (plots in {path.parent / 'plots'})")
+    return 0
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from unirl.ops.runs import print_runs
+
+    print_runs(Path(args.dir))
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from unirl.ops.runs import sweep
+
+    return sweep(args.recipe, args.overrides, Path(args.dir))
+
+
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
     from unirl.models.tiny import build_tiny_model
 
@@ -361,6 +405,43 @@ def build_parser() -> argparse.ArgumentParser:
                                                                    "with an importer)")
     ex.add_argument("--json", metavar="PATH", help="also write the differences as JSON")
     ex.set_defaults(func=_cmd_explain)
+    doc = sub.add_parser("doctor", help="what this machine and environment can run, each problem with its fix",
+                         description="Python, torch and its CUDA/NCCL build, devices, each backend's framework "
+                                     "versions against its pins and the modes and layouts it runs here, rollout "
+                                     "engines, Ray and the run directory's free disk. Loads no model.")
+    doc.add_argument("--json", action="store_true", help="machine-readable output")
+    doc.add_argument("--run-dir", default="runs", help="where runs go (its free disk is checked)")
+    doc.add_argument("--strict", action="store_true", help="exit 1 when something cannot run here")
+    doc.set_defaults(func=_cmd_doctor)
+    dg = sub.add_parser("diagnose", help="classify failures in logs or run directories: evidence, cause, fix",
+                        description="Match each line of each log (files, or the logs in run directories) against "
+                                    "known failures (NCCL timeouts, CUDA OOM, Ray actor deaths, full disks, NaN "
+                                    "losses, Slurm preemption, OOM kills, ...); an unrecognised failure is 'unknown' "
+                                    "with its lines.")
+    dg.add_argument("paths", nargs="+", metavar="LOG_OR_RUN_DIR")
+    dg.add_argument("--json", action="store_true", help="machine-readable output")
+    dg.set_defaults(func=_cmd_diagnose)
+    rp = sub.add_parser("report", help="a run's Markdown report with plots; an incident report if it did not complete",
+                        description="Markdown with PNG plots (reward, losses, KL, entropy, clip fraction, grad norm, "
+                                    "time per phase, throughput, memory, log-prob gap); for a failed or killed run the "
+                                    "timeline, last healthy step and checkpoint and the diagnosis of its logs.")
+    rp.add_argument("run_dir")
+    rp.add_argument("-o", "--out", help="the report's folder (default RUN_DIR/report)")
+    rp.add_argument("--against", metavar="RUN_DIR", help="list the recipe's differences from this run's")
+    rp.set_defaults(func=_cmd_report)
+    rn = sub.add_parser("runs", help="the run directories under DIR side by side",
+                        description="Status, stage, step, the last key metrics and the recipe keys that differ, for "
+                                    "every run directory (one holding run.json) under DIR.")
+    rn.add_argument("dir", nargs="?", default="runs")
+    rn.set_defaults(func=_cmd_runs)
+    sw = sub.add_parser("sweep", help="one run per combination of key=a,b values (backends included)",
+                        description="Run RECIPE once per combination of the key=a,b overrides (e.g. backend=native,trl "
+                                    "trainer.lr=1e-3,3e-3), each in its own process and run directory under --dir, "
+                                    "then list them (unirl runs).")
+    sw.add_argument("recipe")
+    sw.add_argument("overrides", nargs="+", metavar="key=a,b|key=value")
+    sw.add_argument("--dir", default="runs/sweep", help="where the runs go (default runs/sweep)")
+    sw.set_defaults(func=_cmd_sweep)
     tiny = sub.add_parser("tiny-model", help="write the tiny random-init Qwen2 model and tokenizer to OUT")
     tiny.add_argument("out")
     tiny.add_argument("--seed", type=int, default=0)
