@@ -148,10 +148,112 @@ def test_report_of_a_run_killed_mid_step_is_an_incident_report(tmp_path):
     assert not (run_dir / "run.json").exists()
     assert main(["report", str(run_dir)]) == 0
     text = (run_dir / "report" / "report.md").read_text()
-    from unirl.ops.report import _rows
+    from unirl.ops.rundir import rows as read_run_rows
 
-    rows = _rows(run_dir)  # a row cut by the kill is left out, as the report leaves it out
+    rows = read_run_rows(run_dir)  # a row cut by the kill is left out, as the report leaves it out
     assert "## Incident" in text and "wrote no `run.json`" in text
     assert f"Last healthy step: {rows[-1]['global_step']}" in text
     assert "Last checkpoint: `step-" in text and "resume=auto" in text
     assert "`unknown`" in text  # "Killed" with no known pattern: the lines, not a guess
+
+
+def _sbatch_directives(text):
+    return dict(line[len("#SBATCH --"):].split("=", 1) if "=" in line else (line[len("#SBATCH --"):], "")
+                for line in text.splitlines() if line.startswith("#SBATCH --"))
+
+
+def test_launch_slurm_writes_a_job_that_parses_and_carries_the_layout(tmp_path, capsys):
+    """4 ranks (parallel.dp=4) over 2 nodes: 2 GPUs and 2 torchrun processes per node, a c10d rendezvous on
+    the first node, resume=auto; the script is valid bash (bash -n) and its #SBATCH directives are Slurm's."""
+    import shutil
+    import subprocess
+
+    out = tmp_path / "job"
+    assert main(["launch", str(DEMO), "parallel.dp=4", "run.dir=runs/dp4", "--target", "slurm", "--nodes", "2",
+                 "--partition", "gpu", "--time", "02:00:00", "--out", str(out)]) == 0
+    text = (out / "job.sbatch").read_text()
+    directives = _sbatch_directives(text)
+    output = directives.pop("output")
+    assert directives == {"job-name": "unirl-dp4", "nodes": "2", "ntasks-per-node": "1", "cpus-per-task": "8",
+                          "time": "02:00:00", "requeue": "", "gpus-per-node": "2", "partition": "gpu"}
+    assert output == f"{out.resolve()}/slurm-%j.out"  # a folder that exists when sbatch opens it
+    assert "--nproc_per_node=2" in text and '--rdzv_endpoint="$head_node:29500"' in text and "resume=auto" in text
+    assert "parallel.dp=4" in text and str(DEMO.resolve()) in text
+    if shutil.which("bash"):
+        assert subprocess.run(["bash", "-n", str(out / "job.sbatch")]).returncode == 0
+
+
+def test_launch_k8s_writes_a_rayjob_that_parses_with_the_resources(tmp_path):
+    import yaml
+
+    out = tmp_path / "job"
+    assert main(["launch", str(DEMO), "parallel.dp=2", "--target", "k8s", "--nodes", "3", "--image", "me/unirl:1",
+                 "--out", str(out)]) == 0
+    job = yaml.safe_load((out / "rayjob.yaml").read_text())
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert head["image"] == "me/unirl:1" and head["resources"]["limits"]["nvidia.com/gpu"] == 2
+    workers = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    assert workers["replicas"] == 2 and "distributed.ray.address=auto" in job["spec"]["entrypoint"]
+    assert "parallel.dp=2" in job["spec"]["entrypoint"]
+
+
+def test_launch_refuses_a_layout_the_nodes_cannot_split_before_writing(tmp_path, capsys):
+    assert main(["launch", str(DEMO), "parallel.dp=4", "--target", "slurm", "--nodes", "3", "--out",
+                 str(tmp_path / "j")]) == 2
+    assert "do not split evenly over 3 nodes" in " ".join(capsys.readouterr().err.split()) and not (tmp_path / "j" / "job.sbatch").exists()
+
+
+def test_launch_ray_submits_to_a_local_ray_cluster(tmp_path, monkeypatch):
+    """A local Ray cluster of its own with its job API (ray start --head --block, stopped by ending that
+    process, so no other cluster is touched); the job runs the demo recipe shortened and succeeds."""
+    pytest.importorskip("ray")
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from unirl.distributed import free_port
+
+    ray = str(Path(sys.executable).parent / "ray")
+    port, dash = free_port(), free_port()
+    temp = tempfile.mkdtemp(prefix="ur", dir="/tmp")  # Ray's socket paths must stay short (pytest's tmp_path is long)
+    # a cluster of the test's own, without token authentication (a ~/.ray/auth_token turns it on by default)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    head = subprocess.Popen([ray, "start", "--head", "--block", f"--port={port}", "--dashboard-host=127.0.0.1",
+                             f"--dashboard-port={dash}", "--include-dashboard=true", "--num-cpus=2",
+                             f"--temp-dir={temp}"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    address = f"http://127.0.0.1:{dash}"
+    try:
+        deadline = time.time() + 180
+        while True:  # the job API answers once the dashboard is up
+            try:
+                JobSubmissionClient(address).list_jobs()
+                break
+            except Exception:  # noqa: BLE001 - not up yet
+                assert head.poll() is None and time.time() < deadline, "the Ray head did not start"
+                time.sleep(1)
+        run_dir = tmp_path / "run"
+        assert main(["launch", str(DEMO), "stages.0.steps=2", "stages.1.steps=2", "checkpoint.every=0",
+                     "run.threads=1", f"run.dir={run_dir}", "--target", "ray", "--address", address]) == 0
+        client = JobSubmissionClient(address)
+        job = client.list_jobs()[-1].submission_id
+        deadline = time.time() + 300
+        while client.get_job_status(job) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            assert time.time() < deadline, client.get_job_logs(job)[-3000:]
+            time.sleep(1)
+        assert client.get_job_status(job) == JobStatus.SUCCEEDED, client.get_job_logs(job)[-3000:]
+        assert json.loads((run_dir / "run.json").read_text())["status"] == "completed"
+    finally:
+        head.terminate()  # --block: the head stops the processes it started
+        try:
+            head.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        shutil.rmtree(temp, ignore_errors=True)

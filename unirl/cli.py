@@ -286,6 +286,19 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from unirl.ops.launch import Resources, launch
+
+    res = Resources(nodes=args.nodes, cpus=args.cpus, memory=args.memory, time=args.time, partition=args.partition,
+                    image=args.image, namespace=args.namespace, port=args.port, address=args.address,
+                    gpus=not args.no_gpus)
+    code, what = launch(args.recipe, args.overrides, args.target, Path(args.out), res)
+    print(what)
+    return code
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -429,6 +442,25 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("-o", "--out", help="the report's folder (default RUN_DIR/report)")
     rp.add_argument("--against", metavar="RUN_DIR", help="list the recipe's differences from this run's")
     rp.set_defaults(func=_cmd_report)
+    la = sub.add_parser("launch", help="the job that runs RECIPE locally, on Ray, on Slurm or on Kubernetes",
+                        description="local: run here; slurm: write OUT/job.sbatch (srun torchrun over the recipe's "
+                                    "layout); k8s: write OUT/rayjob.yaml (a KubeRay RayJob); ray: submit to a Ray "
+                                    "cluster's job API. The recipe is checked first (exit 2 on a user error).")
+    la.add_argument("recipe")
+    la.add_argument("overrides", nargs="*", metavar="key=value")
+    la.add_argument("--target", required=True, choices=("local", "ray", "slurm", "k8s"))
+    la.add_argument("--out", default="launch", help="where job files go (default ./launch)")
+    la.add_argument("--nodes", type=int, default=1)
+    la.add_argument("--cpus", type=int, default=8, help="CPUs per node (Slurm task, k8s pod)")
+    la.add_argument("--memory", default="64Gi", help="memory per pod (k8s)")
+    la.add_argument("--time", default="24:00:00", help="Slurm time limit")
+    la.add_argument("--partition", help="Slurm partition")
+    la.add_argument("--image", default="unirl:latest", help="container image (k8s)")
+    la.add_argument("--namespace", default="default", help="Kubernetes namespace")
+    la.add_argument("--port", type=int, default=29500, help="torchrun rendezvous port (Slurm)")
+    la.add_argument("--address", default="http://127.0.0.1:8265", help="Ray job API (--target ray)")
+    la.add_argument("--no-gpus", action="store_true", help="ask the scheduler for no GPUs (CPU nodes)")
+    la.set_defaults(func=_cmd_launch)
     rn = sub.add_parser("runs", help="the run directories under DIR side by side",
                         description="Status, stage, step, the last key metrics and the recipe keys that differ, for "
                                     "every run directory (one holding run.json) under DIR.")

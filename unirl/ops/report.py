@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from unirl.errors import ConfigError
+from unirl.ops.rundir import flat, recipe
+from unirl.ops.rundir import rows as read_rows
 
 #: plot -> the metric keys drawn on it (the keys a run has; a plot with none is left out)
 PLOTS: dict[str, tuple[str, ...]] = {
@@ -28,19 +30,6 @@ PLOTS: dict[str, tuple[str, ...]] = {
     "memory": ("memory/peak_bytes", "memory/rank_peak_bytes"),
     "logprob_gap": ("rollout/logprob_diff_mean", "rollout/logprob_diff_max"),
 }
-
-
-def _rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a row cut by a kill: the rows before it are whole
-    return rows
 
 
 def _finite(value: Any) -> bool:
@@ -78,13 +67,6 @@ def plot(rows: list[dict[str, Any]], out: Path) -> dict[str, Path]:
     return written
 
 
-def _recipe(run_dir: Path) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    path = run_dir / "config.yaml"
-    return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else {}  # type: ignore[return-value]
-
-
 def _incident(run_dir: Path, rows: list[dict[str, Any]], state: dict[str, Any] | None) -> list[str]:
     from unirl.checkpoint import list_checkpoints
     from unirl.ops.diagnose import diagnose
@@ -118,9 +100,7 @@ def _incident(run_dir: Path, rows: list[dict[str, Any]], state: dict[str, Any] |
 
 
 def _against(run_dir: Path, other: Path) -> list[str]:
-    from unirl.ops.runs import _flat
-
-    a, b = _flat(_recipe(run_dir)), _flat(_recipe(other))
+    a, b = flat(recipe(run_dir)), flat(recipe(other))
     keys = sorted((set(a) | set(b)) - {"run.dir"})
     diff = [k for k in keys if a.get(k) != b.get(k)]
     lines = ["", f"## Recipe against `{other}`", ""]
@@ -139,14 +119,14 @@ def report(run_dir: Path, out: Path | None = None, against: Path | None = None) 
         raise ConfigError(f"unirl report: --against {str(against)!r} is not a run directory (no config.yaml)",
                           key="against", value=str(against))
     out = out or run_dir / "report"
-    rows = _rows(run_dir)
+    rows = read_rows(run_dir)
     state = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").is_file() else None
-    recipe = _recipe(run_dir)
+    spec = recipe(run_dir)
     plots = plot(rows, out / "plots")
     status = state.get("status", "?") if state else "no run.json (killed or running)"
-    lines = [f"# Run report: `{run_dir}`", "", f"- status: **{status}**", f"- backend: `{recipe.get('backend', '?')}`",
+    lines = [f"# Run report: `{run_dir}`", "", f"- status: **{status}**", f"- backend: `{spec.get('backend', '?')}`",
              "- stages: " + ", ".join(f"{s.get('name')} ({s.get('type')}, {s.get('steps')} steps)"
-                                       for s in recipe.get("stages", [])),
+                                       for s in spec.get("stages", [])),
              f"- rows: {len(rows)}" + (f", last global step {rows[-1]['global_step']}" if rows else "")]
     if state and state.get("wall_s") is not None:
         lines.append(f"- wall time: {state['wall_s']:.1f} s")

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from unirl.errors import ConfigError
+from unirl.ops.rundir import flat, recipe
+from unirl.ops.rundir import rows as read_rows
 
 #: metrics shown for each run: the last value of each in its rows
 METRICS = ("reward/mean", "loss/total", "loss/lm", "loss/dpo", "eval/pass_at_1")
@@ -34,31 +36,13 @@ def find_runs(root: Path, depth: int = 3) -> list[Path]:
     return found
 
 
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if isinstance(data, dict):
-        for k, v in data.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-    elif isinstance(data, list) and data and all(isinstance(x, dict) for x in data):
-        for i, v in enumerate(data):
-            out.update(_flat(v, f"{prefix}{i}."))
-    else:
-        out[prefix[:-1]] = data
-    return out
-
-
 def summary(run_dir: Path) -> dict[str, Any]:
     """What a run directory says of its run: run.json's status and position (a run killed before writing
     one: its last row's), its recipe, its last metrics."""
-    from omegaconf import OmegaConf
-
-    from unirl.ops.report import _rows
-
     state = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").is_file() else None
-    recipe = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")) if (run_dir / "config.yaml").is_file() \
-        else {}
-    stages = recipe.get("stages") or []  # type: ignore[union-attr]
-    rows = _rows(run_dir)
+    spec = recipe(run_dir)
+    stages = spec.get("stages") or []
+    rows = read_rows(run_dir)
     last: dict[str, float] = {}
     for row in rows:
         last.update({k: row[k] for k in METRICS if isinstance(row.get(k), (int, float))})
@@ -69,9 +53,9 @@ def summary(run_dir: Path) -> dict[str, Any]:
     else:
         stage = rows[-1].get("stage", "-") if rows else "-"
         status, step = "killed or running (no run.json)", rows[-1].get("global_step", 0) if rows else 0
-    return {"run_dir": str(run_dir), "status": status, "backend": recipe.get("backend", "?"),  # type: ignore[union-attr]
-            "stage": stage, "step": step, "rows": len(rows), "wall_s": (state or {}).get("wall_s"), "metrics": last,
-            "recipe": _flat(recipe)}
+    return {"run_dir": str(run_dir), "status": status, "backend": spec.get("backend", "?"), "stage": stage,
+            "step": step, "rows": len(rows), "wall_s": (state or {}).get("wall_s"), "metrics": last,
+            "recipe": flat(spec)}
 
 
 def differences(summaries: list[dict[str, Any]]) -> list[str]:
