@@ -127,6 +127,9 @@ def test_a_stopped_lora_run_resumes_bit_exactly(backend, sft_model, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
     c, d = (load_file(str(r / "adapter" / "adapter_model.safetensors")) for r in (full, part))
     assert c.keys() == d.keys() and all(torch.equal(c[k], d[k]) for k in c)
+    # the backend's adapters-only checkpoint exports as PEFT's adapter and a merged model, both checked by logits
+    assert main(["export", str(part), str(tmp_path / "exported")]) == 0
+    assert (tmp_path / "exported" / "adapter" / "adapter_model.safetensors").is_file()
 
 
 @pytest.mark.parametrize("backend", ["deepspeed", "openrlhf", "trl", "verl"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 
 from unirl.capabilities import Support, recipe_knobs
-from unirl.errors import CapabilityError
+from unirl.errors import CapabilityError, ConfigError
 from unirl.testing.context import KitContext
 from unirl.testing.knobs import all_knob_values, overrides_for, shown
 from unirl.testing.results import Case, CheckResult
@@ -22,6 +22,12 @@ def check_translate(ctx: KitContext, key: str, value: object) -> CheckResult:
     except CapabilityError as exc:  # the recipe this knob needs uses another value the backend lacks
         return CheckResult(name, "L0", "skipped", knobs, reason=f"needs {exc.key}={exc.value}, which backend "
                            f"{ctx.backend!r} declares unsupported")
+    except ConfigError as exc:
+        import importlib.util
+
+        if key == "model.lora" and importlib.util.find_spec("peft") is None:  # an extra this environment lacks
+            return CheckResult(name, "L0", "skipped", knobs, reason=f"the peft package is not installed here: {exc}")
+        raise
     try:
         backend = ctx.backend_object(recipe)
         if not (hasattr(backend, "translate") and hasattr(backend, "read_back")):
