@@ -155,7 +155,7 @@ class OptionReader:
             if key in self.used:
                 continue
             value = self._get(key)
-            if key.startswith(infrastructure) or any(key.endswith(p) for p in infrastructure if p.startswith(".")):
+            if key.startswith(infrastructure):
                 imported.ignored.append(Note(key, value, why))
             else:
                 imported.unexpressed.append(Note(key, value, "no unirl knob computes it; the recipe runs without it"))

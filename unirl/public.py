@@ -36,7 +36,7 @@ PUBLIC_API: dict[str, tuple[str, ...]] = {
     "unirl.models.lifecycle": ("ModelSet", "grad_norm"),
     "unirl.models.weights": ("WeightSync",),
     "unirl.importing": ("ImportedRecipe", "Note", "OptionReader"),
-    "unirl.models.lora": ("lora_section", "lora_config", "wrap", "wrap_quietly", "adapter_state", "merged",
+    "unirl.models.lora": ("lora_section", "lora_config", "wrap", "adapter_state", "merged",
                           "save_adapter"),
     "unirl.models.loading": ("load_causal_lm", "load_scorer", "load_tokenizer", "save_hf_model"),
     "unirl.models.tiny": ("build_tiny_model", "ensure_base_model"),

@@ -17,7 +17,7 @@ import torch
 from unirl.config.derived import stage_needs
 from unirl.distributed.env import local_device
 from unirl.models.loading import load_causal_lm, load_scorer, save_hf_model
-from unirl.models.lora import adapter_state, is_wrapped, lora_section, merged, plain_state, save_adapter, wrap_quietly
+from unirl.models.lora import adapter_state, is_wrapped, lora_section, merged, plain_state, save_adapter
 from unirl.models.lora import wrap as wrap_lora
 from unirl.models.weights import WeightSync
 
@@ -104,7 +104,7 @@ class ModelSet:
         if name in ("policy", "reference"):
             model = load_causal_lm(self.model_path, self.recipe.model.dtype)
             if self._adapted(name):
-                model = wrap_quietly(model, lora_section(self.recipe))
+                model = wrap_lora(model, lora_section(self.recipe), seed=self.recipe.seed)  # values loaded next
         else:
             model = load_scorer(self.model_path, self.recipe.model.dtype, per_token=name == "critic",
                                 pad_token_id=self.tokenizer.pad_token_id)

@@ -49,14 +49,6 @@ def wrap(model: torch.nn.Module, section: Any, seed: int | None = None) -> torch
         return get_peft_model(model, lora_config(section))
 
 
-def wrap_quietly(model: torch.nn.Module, section: Any) -> torch.nn.Module:
-    """:func:`wrap` without drawing from torch's generator (the adapters' values are about to be
-    overwritten by a saved state): rebuilding a wrapped model mid-run leaves the run's random stream
-    as it was, so a resumed run draws the same numbers."""
-    with torch.random.fork_rng(devices=[]):
-        return wrap(model, section)
-
-
 def adapter_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The adapters' tensors of a wrapped model's state dict (PEFT's ``lora_A`` / ``lora_B``
     weights, under the wrapped model's names): what a checkpoint keeps of a LoRA model, whose base

@@ -51,10 +51,17 @@ def takes_trl_keywords(fn: Callable[..., Any]) -> bool:
     return "completions" in _params(fn)
 
 
-class _Logged:
-    """Values a reward function logged this step, as the row's ``reward/log/NAME`` means."""
+class _Convention:
+    """A framework's reward function wrapped to be called as its framework calls it: named as the
+    function (messages give its file and line), its ``reward_range`` kept, and the values it logged this
+    step as the row's ``reward/log/NAME`` means (:meth:`take_counts`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.reward_range = getattr(fn, "reward_range", None)
+        self.__qualname__ = getattr(fn, "__qualname__", type(fn).__name__)
+        self.__name__ = getattr(fn, "__name__", self.__qualname__)
+        self.__wrapped__ = fn
         self._values: dict[str, list[float]] = defaultdict(list)
 
     def log(self, name: str, value: Any) -> None:
@@ -68,16 +75,8 @@ class _Logged:
         return out
 
 
-class TRLConvention(_Logged):
+class TRLConvention(_Convention):
     """A TRL reward function called as ``GRPOTrainer`` calls it (module docstring)."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-        self.reward_range = getattr(fn, "reward_range", None)
-        self.__qualname__ = getattr(fn, "__qualname__", type(fn).__name__)
-        self.__name__ = getattr(fn, "__name__", self.__qualname__)
-        self.__wrapped__ = fn  # messages name the function, its file and line
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[str], **kwargs: Any) -> list[Any]:
         messages = kwargs.pop(PROMPT_MESSAGES, None)
@@ -89,16 +88,8 @@ class TRLConvention(_Logged):
         return list(self.fn(prompts=list(prompts), completions=list(completions), **kwargs))
 
 
-class OpenRLHFConvention(_Logged):
+class OpenRLHFConvention(_Convention):
     """An OpenRLHF ``reward_func(queries, prompts, labels)`` called as OpenRLHF calls it."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-        self.reward_range = getattr(fn, "reward_range", None)
-        self.__qualname__ = getattr(fn, "__qualname__", type(fn).__name__)
-        self.__name__ = getattr(fn, "__name__", self.__qualname__)
-        self.__wrapped__ = fn
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **kwargs: Any) -> list[Any]:
         labels = list(kwargs.get("answer") or [""] * len(completions))

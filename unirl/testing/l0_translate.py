@@ -45,9 +45,8 @@ def check_translate(ctx: KitContext, key: str, value: object) -> CheckResult:
     # framework was configured to do something the recipe did not ask for
     extra = sorted(f"{k}={shown(v)}" for k, v in got_set - expected)
     if missing or extra:
-        parts = ([f"did not read back: {', '.join(missing)}"] if missing else []) + \
-            ([f"read back knobs the recipe does not set: {', '.join(extra)}"] if extra else [])
-        return CheckResult(name, "L0", "failed", knobs, reason="; ".join(parts))
+        return CheckResult(name, "L0", "failed", knobs, reason=_mismatch(
+            ("did not read back:", missing), ("read back knobs the recipe does not set:", extra)))
     importer = getattr(ctx.registration.spec, "importer", None) if ctx.registration is not None else None
     if importer is None:
         return CheckResult(name, "L0", "passed", knobs, reason=f"{len(expected)} knobs read back, none more")
@@ -58,11 +57,15 @@ def check_translate(ctx: KitContext, key: str, value: object) -> CheckResult:
     lost = sorted(f"{k}={shown(v)}" for k, v in expected - back if ctx.support(k, v) is not Support.EMULATED)
     added = sorted(f"{k}={shown(v)}" for k, v in back - expected)
     if lost or added:
-        parts = ([f"import(translate(recipe)) lost {', '.join(lost)}"] if lost else []) + \
-            ([f"import(translate(recipe)) added {', '.join(added)}"] if added else [])
-        return CheckResult(name, "L0", "failed", knobs, reason="; ".join(parts))
+        return CheckResult(name, "L0", "failed", knobs, reason=_mismatch(
+            ("import(translate(recipe)) lost", lost), ("import(translate(recipe)) added", added)))
     return CheckResult(name, "L0", "passed", knobs, reason=f"{len(expected)} knobs read back, none more; "
                                                            f"import(translate(recipe)) gives them all back")
+
+
+def _mismatch(*parts: tuple[str, list[str]]) -> str:
+    """``"WHAT knob=v, ...; ..."`` for each ``(WHAT, knobs)`` whose list is not empty."""
+    return "; ".join(f"{what} {', '.join(knobs)}" for what, knobs in parts if knobs)
 
 
 def _imported_knobs(ctx: KitContext, importer: str, native: object) -> set[tuple[str, object]]:

@@ -101,13 +101,13 @@ def _oracles(ctx: KitContext, recipe: Any, trainer: Any, needs: tuple[str, ...])
     import copy
 
     from unirl.models.loading import load_causal_lm, load_scorer
-    from unirl.models.lora import lora_section, wrap_quietly
+    from unirl.models.lora import lora_section, wrap
 
     policy = load_causal_lm(str(ctx.tiny_model), recipe.model.dtype)
     lora = lora_section(recipe)
     initial = trainer.state_dict()["models"] if needs or lora is not None else {}
     if lora is not None:
-        policy = wrap_quietly(policy, lora)
+        policy = wrap(policy, lora, seed=recipe.seed)  # the trainer's initial adapters are loaded next
         missing, unexpected = policy.load_state_dict({k: v.detach().clone() for k, v in initial["policy"].items()},
                                                      strict=False)
         if unexpected or any(".lora_" in k for k in missing):

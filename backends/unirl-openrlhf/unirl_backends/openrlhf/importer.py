@@ -124,6 +124,23 @@ def _model_and_data(read: OptionReader, recipe: dict[str, Any], model_key: str, 
         recipe["seed"] = int(read.read("train.seed"))
 
 
+def _optimizer(read: OptionReader, trainer: dict[str, Any], prefix: str) -> None:
+    """AdamW, clipping and the schedule: ``--actor.adam.*`` / ``--actor.max_norm`` (train_ppo_ray, ``prefix``
+    "actor.") or ``--adam.*`` / ``--max_norm`` (train_dpo, no prefix)."""
+    get = read.read
+    trainer["lr"] = float(get(f"{prefix}adam.lr", "trainer.lr"))
+    betas = get(f"{prefix}adam.betas", "trainer.beta1 / trainer.beta2")
+    trainer["beta1"], trainer["beta2"] = float(betas[0]), float(betas[1])
+    trainer["eps"] = float(get(f"{prefix}adam.eps", "trainer.eps"))
+    trainer["weight_decay"] = float(get(f"{prefix}adam.weight_decay", "trainer.weight_decay"))
+    clip = float(get(f"{prefix}max_norm", "trainer.grad_clip"))
+    trainer["grad_clip"] = None if clip >= NO_CLIP else clip
+    schedule = get(f"{prefix}lr_scheduler", "the learning-rate schedule (unirl's is constant)")
+    if schedule != "constant":
+        read.unexpressed(f"{prefix}lr_scheduler", f"{schedule!r} with warmup ratio {get(f'{prefix}lr_warmup_ratio')}: "
+                                                  f"unirl's learning rate is constant")
+
+
 def _rl_stage(read: OptionReader, recipe: dict[str, Any], name: str) -> None:
     get = read.read
     algo, trainer = recipe["algorithm"], recipe["trainer"]
@@ -174,16 +191,7 @@ def _rl_stage(read: OptionReader, recipe: dict[str, Any], name: str) -> None:
     per_update = int(get("train.batch_size", "algorithm.mini_batches"))
     algo["mini_batches"] = max(1, prompts * algo["group_size"] // per_update)
     trainer["micro_batch_size"] = int(get("train.micro_batch_size"))
-    trainer["lr"] = float(get("actor.adam.lr", "trainer.lr"))
-    betas = get("actor.adam.betas", "trainer.beta1 / trainer.beta2")
-    trainer["beta1"], trainer["beta2"] = float(betas[0]), float(betas[1])
-    trainer["eps"] = float(get("actor.adam.eps", "trainer.eps"))
-    trainer["weight_decay"] = float(get("actor.adam.weight_decay", "trainer.weight_decay"))
-    clip = float(get("actor.max_norm", "trainer.grad_clip"))
-    trainer["grad_clip"] = None if clip >= NO_CLIP else clip
-    if get("actor.lr_scheduler", "the learning-rate schedule (unirl's is constant)") != "constant":
-        read.unexpressed("actor.lr_scheduler", f"{get('actor.lr_scheduler')!r} with warmup ratio "
-                                               f"{get('actor.lr_warmup_ratio')}: unirl's learning rate is constant")
+    _optimizer(read, trainer, "actor.")
     rollout = recipe.setdefault("rollout", {"name": "hf_generate"})
     new_tokens = get("rollout.max_new_tokens", "rollout.max_new_tokens")
     if new_tokens is None:  # OpenRLHF then generates up to data.max_len with the prompt
@@ -221,16 +229,7 @@ def _dpo_stage(read: OptionReader, recipe: dict[str, Any], name: str) -> None:
     algo["dpo_loss"] = "ipo" if get("model.ipo_enable", "algorithm.dpo_loss") else "sigmoid"
     batch = int(get("train.batch_size"))
     trainer["micro_batch_size"] = 2 * int(get("train.micro_batch_size"))
-    trainer["lr"] = float(get("adam.lr", "trainer.lr"))
-    betas = get("adam.betas", "trainer.beta1 / trainer.beta2")
-    trainer["beta1"], trainer["beta2"] = float(betas[0]), float(betas[1])
-    trainer["eps"] = float(get("adam.eps", "trainer.eps"))
-    trainer["weight_decay"] = float(get("adam.weight_decay", "trainer.weight_decay"))
-    clip = float(get("max_norm", "trainer.grad_clip"))
-    trainer["grad_clip"] = None if clip >= NO_CLIP else clip
-    if get("lr_scheduler", "the learning-rate schedule (unirl's is constant)") != "constant":
-        read.unexpressed("lr_scheduler", f"{get('lr_scheduler')!r} with warmup ratio {get('lr_warmup_ratio')}: "
-                                         f"unirl's learning rate is constant")
+    _optimizer(read, trainer, "")
     steps = None
     if read.wrote("data.max_samples"):
         steps = max(1, int(get("data.max_samples")) // batch)

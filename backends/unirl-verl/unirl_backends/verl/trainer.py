@@ -21,7 +21,7 @@ from unirl.config.derived import stage_needs
 from unirl.engine.update import mini_batch, require_update_fields
 from unirl.errors import ConfigError
 from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
-from unirl.models.lora import adapter_state, lora_section, merged, save_adapter, wrap, wrap_quietly
+from unirl.models.lora import adapter_state, lora_section, merged, save_adapter, wrap
 from unirl.models.weights import WeightSync
 from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
 
@@ -177,7 +177,8 @@ class VerlTrainer:
         """With ``model.lora``: the engine's policy (PEFT's names) in a CPU PEFT model of the same
         adapters, kept between calls."""
         if self._wrapped is None:
-            self._wrapped = wrap_quietly(load_causal_lm(self.model_path, self.recipe.model.dtype), self.lora)
+            self._wrapped = wrap(load_causal_lm(self.model_path, self.recipe.model.dtype), self.lora,
+                                 seed=self.recipe.seed)
         self._wrapped.load_state_dict(self._assembled_policy())
         return self._wrapped
 
