@@ -83,7 +83,8 @@ def test_the_layouts_render_the_same_prompts_and_answers():
     assert [e.completion for e in got["hf"]] == [e.completion + "\n" for e in got["verl"]]
     # verl's other columns reach rewards (TRL's convention); verl's compute_score sees its own data_source
     assert first.meta["data_source"] == "openai/gsm8k" and first.meta["extra_info"]["split"] == "train"
-    assert "label" in got["openrlhf"][0].meta and "input" not in got["openrlhf"][0].meta
+    # every column by its own name, those mapped to a field too (OpenRLHF's input is the prompt, label the answer)
+    assert {"input", "output", "label"} <= set(got["openrlhf"][0].meta)
 
 
 def test_verl_compute_score_gets_the_rows_data_source_and_extra_info():
@@ -102,7 +103,10 @@ def test_verl_compute_score_gets_the_rows_data_source_and_extra_info():
     extras = example_extras(ex, 1)
     assert as_batch_fn(compute_score)([e.prompt for e in ex], [ex[0].answer, "x"], **extras) == [1.0, 0.0]
     assert seen[0][0] == "openai/gsm8k" and seen[0][1] == ex[0].answer
-    assert seen[0][2] == ex[0].meta["extra_info"]  # verl's extra_info as the row holds it
+    # verl's extra_info as the row holds it, over the row's other columns by their names (as verl adds its own keys)
+    row_info = ex[0].meta["extra_info"]
+    assert {k: seen[0][2][k] for k in row_info} == row_info
+    assert seen[0][2]["data_source"] == "openai/gsm8k" and seen[0][2]["reward_model"]["ground_truth"] == ex[0].answer
 
 
 def test_each_epoch_visits_every_row_once_in_a_new_order(tmp_path):

@@ -69,16 +69,39 @@ def test_trls_builtin_rewards_get_messages_and_keywords_as_grpotrainer_gives_the
     assert got == want and got == [0.5, 1.0, 0.5, 1.0]
 
 
+#: SFT on the mapped completion column, then GRPO scored by the framework's reward: the model learns the
+#: answer's form in the warm-up, so the reward is positive only when the function got the column it reads
+WARM_THEN_GRPO = ["stages=[{name: sft, type: sft, steps: 60, batch_size: 16, lr: 0.006}, "
+                  "{name: grpo, type: rl, steps: 2, batch_size: 8}]", "rollout.max_new_tokens=12", "algorithm.group_size=4",
+                  "checkpoint.every=0", "eval.every=0", "run.threads=1", "task.eval_path=null"]
+
+
+def _rows_of(name, tmp_path, rows):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _gsm8k_rows():
+    from datasets import load_from_disk
+
+    return list(load_from_disk(str(SAMPLE / "hf"))["train"])
+
+
 @pytest.mark.parametrize("backend", ["native", "trl"])
-def test_grpo_on_trls_conversational_layout_with_trls_rewards(backend, trl_conversations, tmp_path):
+def test_sft_then_grpo_with_trls_accuracy_reward_on_the_column_sft_reads(backend, tmp_path):
+    """TRL's conversational layout as TRL's docs write it (``prompt`` messages, the worked answer in
+    ``solution``), ``task.columns.completion=solution`` for the warm-up and ``trl.rewards:accuracy_reward``,
+    which reads ``solution=``: the column reaches it although the recipe maps it (issue 41)."""
     pytest.importorskip("trl")
+    data = _rows_of("train.jsonl", tmp_path, [{"prompt": r["prompt"], "solution": f"\\boxed{{{r['answer']}}}"}
+                                              for r in _gsm8k_rows()])
     run_dir = tmp_path / backend
-    assert main(["run", str(RECIPE), *SHORT, f"backend={backend}", f"task.path={trl_conversations}",
-                 "task.eval_path=null", f"run.dir={run_dir}",
-                 "reward={name: combined, terms: [{name: function, function: 'trl.rewards:accuracy_reward'}, "
-                 "{name: function, function: 'trl.rewards:think_format_reward'}]}"]) == 0
-    rows = read_rows(run_dir)
-    assert len(rows) == 2 and all(0.0 <= r["reward/mean"] <= 2.0 for r in rows)
+    assert main(["run", str(RECIPE), *WARM_THEN_GRPO, f"backend={backend}", f"task.path={data}",
+                 "task.columns.completion=solution", f"run.dir={run_dir}",
+                 "reward={name: function, function: 'trl.rewards:accuracy_reward'}"]) == 0
+    rl = [r for r in read_rows(run_dir) if r["stage"] == "grpo"]
+    assert len(rl) == 2 and max(r["reward/mean"] for r in rl) > 0, rl
 
 
 def test_an_openrlhf_reward_func_is_called_as_openrlhf_calls_it(tmp_path):
@@ -94,23 +117,30 @@ def test_an_openrlhf_reward_func_is_called_as_openrlhf_calls_it(tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["native", "openrlhf"])
-def test_grpo_scored_by_an_openrlhf_reward_func_file(backend, tmp_path):
+def test_sft_then_grpo_scored_by_an_openrlhf_reward_func_on_mapped_columns(backend, tmp_path):
+    """OpenRLHF's reward file with ``labels`` from a mapped column (``--data.label_key solution``:
+    ``task.columns.answer=solution``), the same column the warm-up trains on."""
     pytest.importorskip("openrlhf") if backend == "openrlhf" else None
     path = tmp_path / "reward_func.py"
     path.write_text(OPENRLHF_REWARD)
+    data = _rows_of("train.jsonl", tmp_path, [{"question": r["prompt"][0]["content"], "solution": r["answer"]}
+                                              for r in _gsm8k_rows()])
     run_dir = tmp_path / backend
-    assert main(["run", str(RECIPE), *SHORT, f"backend={backend}", f"task.path={SAMPLE / 'openrlhf' / 'train.jsonl'}",
-                 "task.eval_path=null", f"run.dir={run_dir}", f"reward={{name: function, function: '{path}:reward_func'}}"]) == 0
-    rows = read_rows(run_dir)
-    assert len(rows) == 2
-    assert all(abs(r["reward/log/dummy_scores"] - (r["reward/mean"] + 1)) < 1e-6 for r in rows)
+    assert main(["run", str(RECIPE), *WARM_THEN_GRPO, f"backend={backend}", f"task.path={data}", "task.preset=none",
+                 "task.columns.prompt=question", "task.columns.answer=solution", "task.columns.completion=solution",
+                 f"run.dir={run_dir}", f"reward={{name: function, function: '{path}:reward_func'}}"]) == 0
+    rl = [r for r in read_rows(run_dir) if r["stage"] == "grpo"]
+    assert len(rl) == 2 and max(r["reward/mean"] for r in rl) > 0, rl
+    assert all(abs(r["reward/log/dummy_scores"] - (r["reward/mean"] + 1)) < 1e-6 for r in rl)
 
 
 @pytest.mark.parametrize("backend", ["native", "verl"])
-def test_grpo_scored_by_verls_default_compute_score(backend, tmp_path):
+def test_sft_then_grpo_scored_by_verls_default_compute_score_on_mapped_columns(backend, tmp_path):
     """verl's own ``default_compute_score`` on verl's gsm8k parquet: called once per completion with the
-    row's ``data_source`` (openai/gsm8k: verl's gsm8k scorer), ground truth and ``extra_info``."""
+    row's ``data_source`` (openai/gsm8k: verl's gsm8k scorer), ground truth and ``extra_info``; the
+    warm-up reads a column the recipe maps (``solution``, the ``#### N`` line verl's scorer reads)."""
     pytest.importorskip("verl")
+    import pandas as pd
     from verl.utils.reward_score import default_compute_score
 
     from unirl.rewards import adapt_reward_fn
@@ -118,10 +148,69 @@ def test_grpo_scored_by_verls_default_compute_score(backend, tmp_path):
     reward = adapt_reward_fn(default_compute_score)
     assert reward(["q", "q"], ["so #### 10", "so 10"], answer=["10", "10"], data_source=["openai/gsm8k"] * 2,
                   extra_info=[{}, {}]) == [1.0, 0.0]
+    frame = pd.read_parquet(SAMPLE / "verl" / "train.parquet")
+    frame["solution"] = [f"#### {r['ground_truth']}" for r in frame["reward_model"]]
+    data = tmp_path / "train.parquet"
+    frame.to_parquet(data)
     run_dir = tmp_path / backend
-    assert main(["run", str(RECIPE), *SHORT, f"backend={backend}", "task.eval_path=null", f"run.dir={run_dir}",
+    assert main(["run", str(RECIPE), *WARM_THEN_GRPO, f"backend={backend}", f"task.path={data}",
+                 "task.columns.completion=solution", f"run.dir={run_dir}",
                  "reward={name: function, function: 'verl.utils.reward_score:default_compute_score'}"]) == 0
-    assert len(read_rows(run_dir)) == 2
+    rl = [r for r in read_rows(run_dir) if r["stage"] == "grpo"]
+    assert len(rl) == 2 and max(r["reward/mean"] for r in rl) > 0, rl
+
+
+@pytest.mark.parametrize("convention", ["unirl", "trl", "openrlhf", "verl"])
+def test_every_convention_gets_every_column_by_its_name_mapped_ones_too(convention, tmp_path):
+    """A dataset whose ``question`` is mapped to the prompt and ``solution`` to the answer and the SFT
+    completion: each convention receives them under their own names (OpenRLHF's fixed signature: the
+    mapped label column as ``labels``; verl's: in ``extra_info``)."""
+    from types import SimpleNamespace
+
+    from unirl.components import build_component
+    from unirl.config import load_recipe
+    from unirl.models.tiny import build_tokenizer
+    from unirl.rewards import adapt_reward_fn
+
+    data = _rows_of("train.jsonl", tmp_path, [{"question": "1+2=", "solution": "3", "source": "s1"},
+                                              {"question": "3+4=", "solution": "7", "source": "s2"}])
+    recipe = load_recipe(RECIPE, [f"task.path={data}", "task.eval_path=null", "model.path=null", "task.preset=none",
+                                  "task.apply_chat_template=false", "task.columns.prompt=question",
+                                  "task.columns.answer=solution", "task.columns.completion=solution"])
+    task = build_component(recipe, "task", "task", SimpleNamespace(recipe=recipe, tokenizer=build_tokenizer(),
+                                                                   model_path=""))
+    examples = sorted(task.sample(2), key=lambda ex: ex.answer)
+    fields = {"answer": [ex.answer for ex in examples]} | {k: [ex.meta[k] for ex in examples] for k in examples[0].meta}
+    seen = {}
+
+    def unirl_fn(prompts, completions, **kw):
+        seen.update(kw)
+        return [0.0] * len(completions)
+
+    def trl_fn(completions, question, solution, source, **kw):
+        seen.update(question=question, solution=solution, source=source)
+        return [0.0] * len(completions)
+
+    def reward_func(queries, prompts, labels):
+        seen.update(labels=labels)
+        return [0.0] * len(queries)
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info):
+        seen.setdefault("extra_info", []).append(extra_info)
+        return 0.0
+
+    from unirl.rewards.conventions import TRLConvention
+
+    # reward.function wraps a TRL-keyword function so (unirl.rewards.load_function_reward)
+    fn = {"unirl": unirl_fn, "trl": TRLConvention(trl_fn), "openrlhf": reward_func, "verl": compute_score}[convention]
+    adapt_reward_fn(fn)([ex.prompt for ex in examples], ["3", "7"], **fields)
+    if convention == "openrlhf":
+        assert seen["labels"] == ["3", "7"]
+    elif convention == "verl":
+        assert [(e["question"], e["solution"], e["source"]) for e in seen["extra_info"]] == [("1+2=", "3", "s1"),
+                                                                                           ("3+4=", "7", "s2")]
+    else:
+        assert (seen["question"], seen["solution"], seen["source"]) == (["1+2=", "3+4="], ["3", "7"], ["s1", "s2"])
 
 
 def test_an_override_naming_another_reward_replaces_the_section():

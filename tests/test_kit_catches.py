@@ -3,6 +3,7 @@ check (right types, right counts) and must still fail the kit, naming what is wr
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -101,6 +102,31 @@ class WrongCriticBackend(NativeBackend):
         return DoubledCriticTrainer(ctx)
 
 
+class SlightlyOffBackend(NativeBackend):
+    """Right in everything but one number, wrong by a small amount: the SAPO gate temperature of
+    negative-advantage tokens read as 1.06 instead of 1.05, or AdamW's eps 10% too large."""
+
+    name = "slightly-off"
+    change: tuple[str, str, float] = ("algorithm", "sapo_tau_neg", 0.01)
+
+    def build_trainer(self, ctx):
+        import copy
+
+        from omegaconf import read_write
+
+        section, key, delta = self.change
+        recipe = copy.deepcopy(ctx.recipe)
+        value = recipe[section][key]
+        with read_write(recipe):
+            recipe[section][key] = value + delta if section == "algorithm" else value * (1 + delta)
+        return NativeTrainer(dataclasses.replace(ctx, recipe=recipe))
+
+
+class SlightlyOffAdamBackend(SlightlyOffBackend):
+    name = "slightly-off-adam"
+    change = ("trainer", "eps", 0.1)
+
+
 class BrokenPlugin:
     @hookimpl
     def unirl_register_rewards(self, register):
@@ -116,6 +142,8 @@ class BrokenPlugin:
     def unirl_register_backends(self, register):
         register(BackendSpec(name="extra-knob", backend=ExtraKnobBackend, capabilities=Capabilities(knobs=all_values())))
         register(BackendSpec(name="wrong-critic", backend=WrongCriticBackend, capabilities=Capabilities(knobs=all_values())))
+        for backend in (SlightlyOffBackend, SlightlyOffAdamBackend):
+            register(BackendSpec(name=backend.name, backend=backend, capabilities=Capabilities(knobs=all_values())))
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +205,21 @@ def test_a_backend_whose_critic_update_is_wrong_fails_l2(broken, tmp_path):
     assert bad.status == "failed" and "critic grad_norm: abs" in bad.reason
     assert bad.max_rel > 0.5  # the doubled gradient, seen in the critic's norm
     assert case["rl_step[algorithm.loss_agg=token_mean]"].run(ctx).status == "passed"  # its policy is right
+
+
+@pytest.mark.parametrize(("backend", "check"), [("slightly-off", "loss"), ("slightly-off-adam", "update")])
+def test_a_backend_wrong_by_a_small_amount_fails_l2(broken, tmp_path, backend, check):
+    """The bounds are of the right shape, not merely loose: the cell a correct backend passed by
+    less than 10x on another CPU (SAPO, seq_mean_token_mean) still fails a gate temperature off by
+    1%, and an AdamW eps off by 10% fails the update (the loss and gradient are right there)."""
+    ctx = KitContext(backend, host=broken, workdir=tmp_path)
+    case = {c.id: c for c in l2_cases()}
+    bad = case["rl_step[algorithm.policy_loss=sapo]"].run(ctx)
+    assert bad.status == "failed" and bad.ratio > 3, bad
+    parts = {part.split(":")[0].strip(): part for part in bad.reason.split(";")}
+    assert "err/bound" in parts[check] and float(parts[check].split("err/bound ")[1].split()[0]) > 1, bad.reason
+    if check == "update":  # the loss and the gradient do not depend on AdamW's eps: they pass, by 10x
+        assert all(float(parts[n].split("err/bound ")[1].split()[0]) < 0.1 for n in ("loss", "grad_norm")), bad.reason
 
 
 # --------------------------------------------------------------------------- no warnings from the kit

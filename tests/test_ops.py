@@ -14,31 +14,64 @@ from tests.conftest import DEMO, ROOT
 from unirl.cli import main
 
 LOGS = ROOT / "tests" / "data" / "logs"
-#: log fixture -> the class it is an example of (each written in the format its tool prints)
-EXPECTED = {"connection_refused": "connection_refused", "connection_timed_out": "connection_timed_out",
-            "cuda_illegal": "cuda_illegal_memory_access", "cuda_oom": "cuda_oom", "nan_loss": "nan_loss",
-            "nccl_error": "nccl_error", "nccl_timeout": "nccl_timeout", "no_space": "no_space_left",
-            "oom_killed": "oom_killed", "rank_mismatch": "rank_mismatch", "ray_actor_died": "ray_actor_died",
-            "ray_spill": "ray_object_store_full", "slurm_preempted": "slurm_preempted",
-            "slurm_time_limit": "slurm_time_limit", "stale_handle": "stale_file_handle", "unknown": "unknown"}
 
 
-def test_every_log_fixture_has_an_expected_class():
-    assert {p.stem for p in LOGS.glob("*.log")} == set(EXPECTED)
+def test_every_failure_class_has_a_fixture_and_a_public_report():
+    """One fixture per class, named after it (unknown.log aside: the "unknown" answer), written in the
+    format of a public report whose address the class carries; at least 50 classes."""
+    from unirl.ops.failure_patterns import CATEGORIES, PATTERNS
+
+    classes = [p["class"] for p in PATTERNS]
+    assert len(classes) == len(set(classes)) >= 50
+    assert {p.stem for p in LOGS.glob("*.log")} == {*classes, "unknown"}
+    for p in PATTERNS:
+        assert p["example"].startswith("https://") and p["category"] in CATEGORIES and p["symptom"] in ("yes", "no"), p
+        assert p["cause"] and p["fix"] and p["source"], p
 
 
-@pytest.mark.parametrize("stem", sorted(EXPECTED))
+@pytest.mark.parametrize("stem", sorted(p.stem for p in LOGS.glob("*.log")))
 def test_diagnose_classifies_each_failure_from_its_tools_own_text(stem):
+    """Each fixture's first cause is its class; a more general class it also shows (NCCL's generic
+    error under a bootstrap failure) comes after it, as a symptom."""
     from unirl.ops.diagnose import diagnose
 
     findings = diagnose([str(LOGS / f"{stem}.log")])
-    assert [f.kind for f in findings] == [EXPECTED[stem]]
     finding = findings[0]
+    assert finding.kind == stem and all(f.symptom for f in findings[1:]), [(f.kind, f.symptom) for f in findings]
     assert finding.evidence and all(isinstance(n, int) and n >= 1 for n, _ in finding.evidence)
     if stem == "unknown":  # the lines it could not place, not a guess
         assert any("KeyError: 'forty-two'" in line for _, line in finding.evidence) and "no known failure" in finding.cause
     else:
-        assert finding.cause and finding.fix
+        assert finding.cause and finding.fix and finding.example.startswith("https://")
+
+
+@pytest.mark.parametrize(("parts", "first"), [
+    # a rank ran out of GPU memory; the others time out in the next collective, torchrun reports the child
+    (("nccl_timeout", "cuda_oom", "torchrun_child_failed"), "cuda_oom"),
+    # the illegal access is what a double-bit ECC error looks like from inside the process
+    (("cuda_illegal_memory_access", "gpu_xid_ecc"), "gpu_xid_ecc"),
+    # SIGKILL of a rank (exit -9) is the host's OOM killer, which the kernel log names
+    (("torchrun_child_sigkill", "oom_killed"), "oom_killed"),
+    # vLLM's engine dies because its KV cache does not fit
+    (("vllm_engine_dead", "vllm_kv_cache_too_small"), "vllm_kv_cache_too_small"),
+])
+def test_diagnose_puts_the_first_cause_before_the_symptoms(parts, first):
+    from unirl.ops.diagnose import diagnose_text
+
+    findings = diagnose_text("\n".join((LOGS / f"{part}.log").read_text() for part in parts))
+    assert findings[0].kind == first and not findings[0].symptom
+    assert {f.kind for f in findings} == set(parts)
+
+
+def test_diagnose_tells_host_memory_from_gpu_memory_and_hardware_from_software():
+    from unirl.ops.diagnose import diagnose
+
+    kinds = {f.kind: f.category for name in ("k8s_oom_killed", "oom_killed", "cuda_oom", "vllm_kv_cache_too_small",
+                                             "gpu_xid_ecc", "cuda_uncorrectable_ecc", "cuda_illegal_memory_access")
+             for f in diagnose([str(LOGS / f"{name}.log")])[:1]}
+    assert kinds == {"k8s_oom_killed": "host_memory", "oom_killed": "host_memory", "cuda_oom": "gpu_memory",
+                     "vllm_kv_cache_too_small": "gpu_memory", "gpu_xid_ecc": "hardware",
+                     "cuda_uncorrectable_ecc": "hardware", "cuda_illegal_memory_access": "software"}
 
 
 def test_diagnose_reads_the_test_suites_own_failing_run(tmp_path, capsys):

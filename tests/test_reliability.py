@@ -464,7 +464,7 @@ def _user_file_cases(tmp: Path) -> list[tuple[list[str], str | None, str]]:
         ([f"task.path={folder}"], cpt, "is a folder, not a file. Point task.path at a UTF-8 text file"),
         ([f"task.path={tmp / 'none.txt'}"], cpt, "no such file. Point task.path"),
         ([f"model.path={a_file}"], None, "is a file, not a folder. Point it at a Hugging Face model folder"),
-        ([f"model.path={folder}"], None, "is a folder without config.json"),
+        ([f"model.path={folder}"], None, "is a model folder without config.json"),
         (["reward.name=function", f"reward.function={folder}.py:f"], None, "no such file. Give 'path/to/file.py"),
     ]
 
@@ -526,7 +526,7 @@ def _hub(monkeypatch, answer):
 
 @pytest.mark.parametrize("override,expected", [
     ("model.path=configs/grpo_tiny.yaml", "is a file, not a folder"),  # the wrong kind of thing
-    ("model.path=configs", "is a folder without config.json"),
+    ("model.path=configs", "is a model folder without config.json"),
     ("reward={name: reward_model, path: configs/grpo_tiny.yaml}", "reward.path='configs/grpo_tiny.yaml': is a file"),
     ("task={name: text_file, path: configs}", "task.path='configs': is a folder, not a file"),
     ("reward={name: llm_judge, path: ./rns/model}", "there is no folder"),  # local-looking: never the hub
@@ -591,3 +591,87 @@ def test_an_unreadable_checkpoint_without_a_manifest_is_skipped_and_named(short_
     assert len(skipped) == 1 and skipped[0].startswith("step-00000006: rng.pt cannot be read")
     a, b = load_file(str(full / "model" / "model.safetensors")), load_file(str(part / "model" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _model_copy(src: Path, dst: Path, drop: tuple[str, ...] = ()) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst, ignore=lambda d, names: [n for n in names if n in drop])
+    return dst
+
+
+def _path_faults(tmp: Path, model: Path) -> list[tuple[str, list[str], str]]:
+    """(key, overrides, what the message must say) for each path-valued key and each way users get it wrong."""
+    a_file = tmp / "a_file"
+    a_file.write_text("x\n")
+    half = _model_copy(model, tmp / "half", drop=("model.safetensors", "tokenizer.json", "tokenizer_config.json"))
+    (half / "config.json").write_text((model / "config.json").read_text())  # an interrupted download: config only
+    no_tok = _model_copy(model, tmp / "no_tok", drop=("tokenizer.json", "tokenizer_config.json"))
+    cut = _model_copy(model, tmp / "cut")
+    data = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(data[: len(data) // 2])  # the download stopped half way
+    shards = _model_copy(model, tmp / "shards", drop=("model.safetensors",))
+    (shards / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    cpt = str(ROOT / "configs" / "cpt_tiny.yaml")
+    return [
+        ("run.dir", [f"run.dir={a_file}"], "is a file, not a folder (unirl writes a folder of files there). Set run.dir"),
+        ("run.dir", [f"run.dir={a_file / 'sub'}"], f"cannot be made: {str(a_file)!r} is a file, not a folder"),
+        ("model.path", [f"model.path={half}"], "is a model folder without weights (model.safetensors.index.json, "
+                                               "model.safetensors, pytorch_model.bin.index.json, pytorch_model.bin); "
+                                               "without a tokenizer"),
+        ("model.path", [f"model.path={no_tok}"], "is a model folder without a tokenizer (tokenizer.json"),
+        ("model.path", [f"model.path={cut}"], "without whole weights: model.safetensors is cut short"),
+        ("model.path", [f"model.path={shards}"], "without 2 of the 2 weight shards its index lists "
+                                                 "(model-00001-of-00002.safetensors"),
+        ("model.path", [f"model.path={tmp / 'gone'}"], "there is no folder"),
+        ("task.path", [f"task.path={tmp / 'none.txt'}", f"recipe={cpt}"], "no such file. Point task.path"),
+        ("task.path", ["task={name: dataset, path: " + str(tmp / "none.jsonl") + "}"], "no such file or folder"),
+        ("task.eval_path", ["task={name: dataset, path: " + str(a_file) + ", eval_path: " + str(tmp / "no.jsonl") + "}"],
+         "task.eval_path="),
+        ("reward.function", ["reward={name: function, function: " + str(tmp / "none.py") + ":f}"], "no such file"),
+        ("reward.path", ["reward={name: reward_model, path: " + str(half) + "}"], "is a model folder without weights"),
+        ("reward.path", ["reward={name: llm_judge, path: " + str(a_file) + "}"], "is a file, not a folder"),
+        ("rollout.python", ["rollout={name: vllm, python: " + str(tmp / "no-python") + "}"], "rollout.python="),
+        ("environment.tool_config_path", ["environment={name: verl_tools, tool_config_path: " + str(tmp / "no.yaml")
+                                          + "}"], "environment.tool_config_path="),
+    ]
+
+
+def test_each_path_valued_key_exits_2_within_a_second_naming_the_key_the_path_and_the_fix(tiny_model_dir, tmp_path,
+                                                                                          capsys):
+    """One rule for every path a recipe names (unirl.userfiles.check_path): a run.dir that is a file, a
+    model folder an interrupted download left (config only, no tokenizer, a safetensors file cut short,
+    shards its index lists missing), missing data, reward files and engines: exit 2 before anything is
+    built, in under a second, with the key, the path and what to do. docs/reliability.md lists them."""
+    import importlib.util
+    import time
+
+    for key, overrides, message in _path_faults(tmp_path, tiny_model_dir):
+        if key.startswith("environment.") and importlib.util.find_spec("unirl_backends.verl") is None:
+            continue  # verl's tool environment comes with unirl-verl
+        recipe = next((o.split("=", 1)[1] for o in overrides if o.startswith("recipe=")), str(DEMO))
+        args = [o for o in overrides if not o.startswith("recipe=")]
+        args += [] if key == "run.dir" else [f"run.dir={tmp_path / 'run'}"]
+        args += [] if key == "model.path" else [f"model.path={tiny_model_dir}"]
+        capsys.readouterr()
+        start = time.monotonic()
+        code = main(["run", recipe, *args])
+        took = time.monotonic() - start
+        err = " ".join(capsys.readouterr().err.split())
+        assert code == 2 and message in err and f"{key}=" in err, (key, overrides, err)
+        assert took < 1.0, (key, took)
+        assert not (tmp_path / "run").exists()  # refused before anything was created
+
+
+def test_every_declared_path_key_is_among_the_faults_tried(tiny_model_dir, tmp_path):
+    """A component that declares a path (path_field) has its key in the list above, so the list (and
+    docs/reliability.md) grows with the components."""
+    from unirl.plugin_manager import get_plugin_host
+    from unirl.userfiles import declared_paths
+
+    tried = {key.split(".", 1)[1] for key, _, _ in _path_faults(tmp_path, tiny_model_dir)}
+    registry = get_plugin_host().registry
+    declared = {(kind, name, field) for kind, table in registry.entries.items() for name, reg in table.items()
+                for field, _, _ in declared_paths(getattr(reg, "config_class", None) or object)}
+    assert declared and {f for _, _, f in declared} <= tried, declared

@@ -110,7 +110,7 @@ def test_model_path_that_does_not_exist(tmp_path: Path):
     assert err.key == "model.path" and "there is no folder" in msg and "model.path=null" in msg
     (tmp_path / "empty").mkdir()
     _, msg = _err([f"model.path={tmp_path}/empty"])
-    assert "is a folder without config.json" in msg and "save_pretrained" in msg
+    assert "is a model folder without config.json" in msg and "save_pretrained" in msg
 
 
 def test_hub_id_is_accepted_without_a_local_folder(monkeypatch):

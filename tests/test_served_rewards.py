@@ -57,7 +57,7 @@ def test_served_reward_options_are_checked_at_load(tmp_path, capsys, monkeypatch
     monkeypatch.setattr(huggingface_hub.HfApi, "repo_exists", lambda self, repo_id, **kw: repo_id == "org/judge")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     cases = [(["reward.name=reward_model"], "reward: path is required"),
-             (["reward.name=reward_model", f"reward.path={tmp_path}"], "is a folder without config.json"),
+             (["reward.name=reward_model", f"reward.path={tmp_path}"], "is a model folder without config.json"),
              (["reward.name=llm_judge", f"reward.path={tmp_path / 'nope'}"], "there is no folder"),
              (["reward.name=llm_judge", "reward.path=org/judge", "reward.rubric=Rate {completion}"],
               "rubric has no {prompt}")]

@@ -86,8 +86,9 @@ class PathKind(str, enum.Enum):
     FILE = "file"  # a readable regular file
     TEXT = "text"  # a readable UTF-8 text file
     FOLDER = "folder"  # a folder
-    MODEL = "model"  # a Hugging Face model folder (config.json) or a hub model id (org/name)
+    MODEL = "model"  # a Hugging Face model folder (config, weights, tokenizer) or a hub model id (org/name)
     DATA = "data"  # a data file, a folder of them, a save_to_disk folder or a hub dataset id
+    OUTPUT = "output"  # a folder unirl writes: a folder, or nothing yet under a writable folder (created)
 
 
 #: the dataclass field metadata key that marks a recipe path and its :class:`PathKind`
@@ -181,6 +182,8 @@ def check_path(path: str, *, key: str, kind: PathKind, fix: str) -> None:
         check_text(path, key=key, fix=fix)
     elif kind is PathKind.FOLDER:
         check_dir(path, key=key, fix=fix)
+    elif kind is PathKind.OUTPUT:
+        check_output_dir(path, key=key, fix=fix)
     elif not looks_local(path):
         check_hub(path, key=key, repo_type="model" if kind is PathKind.MODEL else "dataset", fix=fix)
     elif kind is PathKind.MODEL:
@@ -191,7 +194,7 @@ def check_path(path: str, *, key: str, kind: PathKind, fix: str) -> None:
                      + (f" (its parent {str(first)!r} exists here, so this is not taken for a hub id)"
                         if first.is_dir() and not path.startswith(('.', os.sep, '~')) else ""))
             raise _fail(key, path, where, fix)
-        check_dir(path, key=key, fix=fix, must_hold="config.json")
+        check_model_dir(path, key=key, fix=fix)
     else:  # DATA: a readable file or folder; what is in it is the task's to check
         p = Path(os.path.expanduser(path))
         if not p.exists():
@@ -199,3 +202,85 @@ def check_path(path: str, *, key: str, kind: PathKind, fix: str) -> None:
             raise _fail(key, path, f"no such file or folder{where}", fix)
         if not os.access(p, os.R_OK):
             raise _fail(key, path, "cannot be read (permission denied)", fix)
+
+
+# --------------------------------------------------------------------------- model folders and output folders
+
+#: the weight files transformers' from_pretrained reads, in its order of preference
+WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json", "pytorch_model.bin")
+#: files any of which make a folder's tokenizer loadable by AutoTokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+_DOWNLOAD = ("download it again (huggingface-cli download ORG/NAME --local-dir {path} resumes an interrupted "
+             "download)")
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """Why ``file`` is not a whole safetensors file (its header's last tensor ends past the file's end:
+    an interrupted download), or None. Reads the header only."""
+    import json
+    import struct
+
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return f"{file.name} is {size} bytes, too short for a safetensors header"
+            (n,) = struct.unpack("<Q", head)
+            if 8 + n > size:
+                return f"{file.name} is cut short ({size} bytes; its header alone needs {8 + n})"
+            header = json.loads(fh.read(n))
+    except (OSError, ValueError) as exc:
+        return f"{file.name} has no readable safetensors header ({type(exc).__name__})"
+    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        return f"{file.name} is cut short ({size} of {8 + n + end} bytes)"
+    return None
+
+
+def check_model_dir(path: str | os.PathLike[str], *, key: str, fix: str) -> Path:
+    """A Hugging Face model folder that ``from_pretrained`` can load whole: ``config.json``, weights in
+    a format transformers reads (every shard an index lists present, every safetensors file whole) and a
+    tokenizer; else a ConfigError naming what is missing (a half-downloaded model is the usual cause)."""
+    import json
+
+    p = check_dir(path, key=key, fix=fix)
+    files = {f.name for f in p.iterdir()}
+    problems = [] if "config.json" in files else ["config.json"]
+    weights = [w for w in WEIGHT_FILES if w in files]
+    if not weights:
+        problems.append(f"weights ({', '.join(WEIGHT_FILES)})")
+    shards: set[str] = set()
+    for index in (w for w in weights if w.endswith(".index.json")):
+        try:
+            shards |= set(json.loads((p / index).read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            problems.append(f"a readable {index} ({type(exc).__name__})")
+    absent = sorted(s for s in shards if s not in files)
+    if absent:
+        problems.append(f"{len(absent)} of the {len(shards)} weight shards its index lists ({', '.join(absent[:3])}"
+                        f"{', ...' if len(absent) > 3 else ''})")
+    for name in sorted({*shards, *weights} & files):
+        if name.endswith(".safetensors") and (problem := _safetensors_problem(p / name)):
+            problems.append(f"whole weights: {problem}")
+    if not files & set(TOKENIZER_FILES):
+        problems.append(f"a tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...)")
+    if problems:
+        raise _fail(key, path, f"is a model folder without {'; without '.join(problems)}: an interrupted download or "
+                               f"copy", f"{_DOWNLOAD.format(path=path)[0].upper()}{_DOWNLOAD.format(path=path)[1:]}, "
+                                     f"or {fix[0].lower()}{fix[1:]}")
+    return p
+
+
+def check_output_dir(path: str | os.PathLike[str], *, key: str, fix: str) -> Path:
+    """A folder unirl will write into: an existing folder, or a path whose nearest existing parent is a
+    writable folder (the folders are made when the run starts); never a file."""
+    p = Path(os.path.expanduser(path))
+    if p.exists() and not p.is_dir():
+        raise _fail(key, path, "is a file, not a folder (unirl writes a folder of files there)", fix)
+    parent = p if p.exists() else next((a for a in p.absolute().parents if a.exists()), Path("/"))
+    if not parent.is_dir():
+        raise _fail(key, path, f"cannot be made: {str(parent)!r} is a file, not a folder", fix)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise _fail(key, path, f"cannot be written: {str(parent)!r} is not writable by this user", fix)
+    return p

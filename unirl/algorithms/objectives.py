@@ -20,14 +20,16 @@ from unirl.algorithms.preference import dpo_loss, pairwise_reward_loss
 def policy_objective(*, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
                      advantages: torch.Tensor, mask: torch.Tensor, entropy: torch.Tensor | None, algo: Any,
                      normaliser: float, n_tokens: float, is_weights: torch.Tensor | None = None,
-                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                     scale: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Policy loss (``algo.policy_loss``, :func:`policy_loss_matrix`) + ``kl_loss_coef`` x KL (in the loss) - ``entropy_coef`` x entropy.
 
     Token tensors are [B, L] aligned to targets, ``advantages`` included. ``normaliser`` is
     the step-global normaliser of ``algo.loss_agg``; ``n_tokens`` the step-global response
     token count used for the token-mean statistics (kl/mean, clip/frac, entropy/mean).
     ``is_weights`` (truncated importance sampling, :func:`truncated_is_weights`) multiply each
-    token's clipped policy loss, not the KL or entropy terms.
+    token's clipped policy loss, not the KL or entropy terms. With ``scale`` the statistics add
+    ``loss/scale``: the same loss over the magnitudes of its terms (each token's policy, KL and
+    entropy term), what its float rounding grows with (the conformance kit's loss bound).
     """
     pg_mat, clipped = policy_loss_matrix(getattr(algo, "policy_loss", "ppo"), logp, old_logp, advantages, mask,
                                          clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
@@ -38,6 +40,7 @@ def policy_objective(*, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: to
         stats_is["tis/weight_mean"] = ((is_weights * mask).sum() / n_tokens).detach()
     pg_loss = aggregate_loss(pg_mat, mask, algo.loss_agg, normaliser=normaliser)
     total = pg_loss
+    magnitude = aggregate_loss(pg_mat.detach().abs(), mask, algo.loss_agg, normaliser=normaliser) if scale else None
     stats = {"loss/policy": pg_loss.detach(), "clip/frac": (clipped * mask).sum() / n_tokens}
     if ref_logp is not None:
         kl_mat = kl_estimate(logp, ref_logp, algo.kl_loss_estimator, clamp=algo.kl_clamp)
@@ -45,12 +48,20 @@ def policy_objective(*, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: to
         if algo.kl_loss_coef:
             total = total + algo.kl_loss_coef * kl_loss
             stats["loss/kl"] = kl_loss.detach()
+            if magnitude is not None:
+                magnitude = magnitude + abs(algo.kl_loss_coef) * aggregate_loss(kl_mat.detach().abs(), mask,
+                                                                                algo.loss_agg, normaliser=normaliser)
         stats["kl/mean"] = ((kl_mat * mask).sum() / n_tokens).detach()
     if entropy is not None:
         if algo.entropy_coef:
             total = total - algo.entropy_coef * aggregate_loss(entropy, mask, algo.loss_agg, normaliser=normaliser)
+            if magnitude is not None:
+                magnitude = magnitude + abs(algo.entropy_coef) * aggregate_loss(entropy.detach().abs(), mask,
+                                                                                algo.loss_agg, normaliser=normaliser)
         stats["entropy/mean"] = ((entropy * mask).sum() / n_tokens).detach()
     stats["loss/total"] = total.detach()
+    if magnitude is not None:
+        stats["loss/scale"] = magnitude
     return total, {**stats, **stats_is}
 
 

@@ -44,7 +44,7 @@ def validate_recipe(cfg: DictConfig, host: Any) -> None:
     _check_capabilities(cfg, backend_reg, registry)
     _check_environment(cfg, backend_reg, registry)
     _check_eval(cfg, backend_reg, registry)
-    _check_model_path(cfg)
+    _check_recipe_paths(cfg)
 
 
 # --------------------------------------------------------------------------- values
@@ -429,10 +429,15 @@ def _check_capabilities(cfg: Any, backend_reg: Any, registry: Any) -> None:
                               reason=f"the framework fixes it at {fixed.value!r}: {fixed.where}{hint}", fix=fix)
 
 
-def _check_model_path(cfg: Any) -> None:
+def _check_recipe_paths(cfg: Any) -> None:
+    """run.dir and model.path, by the rule every path-valued key follows (:func:`unirl.userfiles.check_path`);
+    the sections' own paths are checked from their path_field declarations."""
+    from unirl.userfiles import PathKind, check_path
+
+    check_path(cfg.run.dir, key="run.dir", kind=PathKind.OUTPUT,
+               fix="Set run.dir to a folder (it is made if missing), e.g. run.dir=runs/my_run.")
     if cfg.model.path is None:
         return
-    from unirl.userfiles import PathKind, check_path
 
     check_path(cfg.model.path, key="model.path", kind=PathKind.MODEL,
                fix="Point it at a Hugging Face model folder (written by save_pretrained, or a run's model/), a hub "

@@ -1,7 +1,8 @@
 """``unirl diagnose LOG_OR_RUN_DIR...``: failures classified from real log text.
 
 Each line of each log is matched against :data:`unirl.ops.failure_patterns.PATTERNS`; every class found
-is answered with its evidence (the matching lines and their numbers), its likely cause and its fix. A
+is answered with its evidence (the matching lines and their numbers), its category (host or GPU memory,
+hardware, ...), its likely cause and its fix, the first cause first (:func:`precedence`). A
 log with an error no pattern recognises is ``unknown``, with the lines that look like the failure (the
 last traceback's lines and lines naming an error), never a guess. A run directory is read through its
 ``run.json`` (status) and the log files in it (``*.log``, ``*.out``, ``*.err``, ``*.txt``).
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from unirl.errors import ConfigError
-from unirl.ops.failure_patterns import PATTERNS
+from unirl.ops.failure_patterns import CATEGORIES, PATTERNS
 
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
 _ERRORISH = re.compile(r"Traceback \(most recent call last\)|\b\w*(Error|Exception)\b|\berror\b|\bfailed\b|"
@@ -29,6 +30,17 @@ class Finding:
     evidence: list[tuple[int, str]] = field(default_factory=list)
     cause: str = ""
     fix: str = ""
+    category: str = ""  # one of failure_patterns.CATEGORIES ("" for unknown / none)
+    symptom: bool = False  # usually the consequence of another failure
+    example: str = ""  # a public report of this failure
+
+
+def precedence(findings: list[Finding]) -> list[Finding]:
+    """The first cause first, the last symptom last: first causes before symptoms; among first
+    causes a hardware fault before what it breaks, then a resource that ran out (host memory, GPU
+    memory, disk), then the rest in :data:`CATEGORIES` order; then by the first line each was seen on."""
+    return sorted(findings, key=lambda f: (f.symptom, CATEGORIES.index(f.category) if f.category in CATEGORIES
+                                           else len(CATEGORIES), f.evidence[0][0] if f.evidence else 0))
 
 
 def _compiled() -> list[tuple[dict[str, str], re.Pattern[str]]]:
@@ -43,12 +55,13 @@ def diagnose_text(text: str, source: str = "<text>") -> list[Finding]:
     for number, line in enumerate(lines, 1):
         for pattern, regex in _compiled():
             if regex.search(line):
-                f = found.setdefault(pattern["class"], Finding(source, pattern["class"], [], pattern["cause"],
-                                                               pattern["fix"] + f" (recognised from {pattern['source']})"))
+                f = found.setdefault(pattern["class"], Finding(
+                    source, pattern["class"], [], pattern["cause"], pattern["fix"] + f" (recognised from "
+                    f"{pattern['source']})", pattern["category"], pattern["symptom"] == "yes", pattern["example"]))
                 if len(f.evidence) < 5:
                     f.evidence.append((number, line.strip()[:300]))
     if found:
-        return list(found.values())
+        return precedence(list(found.values()))
     errorish = [(n, line.strip()[:300]) for n, line in enumerate(lines, 1) if _ERRORISH.search(line)]
     if not errorish:
         return [Finding(source, "none", [], "no failure in this text", "")]
@@ -89,11 +102,16 @@ def print_findings(findings: list[Finding], as_json: bool) -> None:
     if as_json:
         print(json.dumps([asdict(f) for f in findings], indent=1))
         return
-    for f in findings:
-        print(f"{f.source}: {f.kind}")
+    for i, f in enumerate(findings):
+        first = i == 0 or findings[i - 1].source != f.source
+        what = "a symptom" if f.symptom else "the first cause" if first else "a cause"
+        role = f" ({f.category.replace('_', ' ')}: {what})" if f.category else ""
+        print(f"{f.source}: {f.kind}{role}")
         for number, line in f.evidence:
             print(f"  line {number}: {line}")
         if f.cause:
             print(f"  cause: {f.cause}")
         if f.fix:
             print(f"  fix: {f.fix}")
+        if f.example:
+            print(f"  reported: {f.example}")

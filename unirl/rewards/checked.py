@@ -65,10 +65,10 @@ def as_batch_fn(fn: Callable[..., Any], data_source: str = "unirl") -> Callable[
         sources, infos = kwargs.get("data_source"), kwargs.get("extra_info")  # a verl-layout dataset's own columns
         out = []
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+            # verl's extra_info as the row holds it, over every other column by its own name (mapped ones too)
+            extra = {k: v[i] for k, v in kwargs.items() if k not in (PROMPT_MESSAGES, "extra_info")} | {"prompt": prompt}
             if infos is not None and isinstance(infos[i], dict):
-                extra = dict(infos[i])  # verl's extra_info, as the row holds it
-            else:
-                extra = {k: v[i] for k, v in kwargs.items() if k != PROMPT_MESSAGES} | {"prompt": prompt}
+                extra |= infos[i]
             score = fn(data_source=data_source if sources is None else sources[i], solution_str=completion,
                        ground_truth=refs[i], extra_info=extra)
             out.append(score["score"] if isinstance(score, dict) else score)

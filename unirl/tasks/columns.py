@@ -12,8 +12,8 @@ framework's own layout unchanged:
   the reference in ``answer`` or ``solution`` (trl/data_utils.py).
 
 ``auto`` picks the preset from the columns. A column may be a dotted path into a struct column
-(``reward_model.ground_truth``). Every other column reaches reward functions as a keyword list,
-TRL's convention.
+(``reward_model.ground_truth``). Every column but ``prompt`` and ``answer`` reaches reward functions
+as a keyword list under its own name, mapped or not (TRL's convention).
 """
 
 from __future__ import annotations
@@ -101,9 +101,10 @@ def resolve(preset: str, explicit: dict[str, Any], columns: list[str], record: A
     return mapping
 
 
-def extra_columns(mapping: dict[str, str], columns: list[str]) -> list[str]:
-    """The columns that reach rewards as keyword lists: all but the prompt's and the completions'
-    (a struct column read only in part stays, e.g. verl's ``extra_info``; and any named ``prompt`` or
-    ``answer``, which rewards already receive)."""
-    used = {mapping[f] for f in ("prompt", "completion", "chosen", "rejected") if f in mapping}
-    return [c for c in columns if c not in used and c not in ("prompt", "answer")]
+def extra_columns(columns: list[str]) -> list[str]:
+    """The columns that reach rewards as keyword lists under their own names: every column, those the
+    recipe maps to a field included (TRL passes each dataset column by its name whatever else reads
+    it: ``task.columns.completion=solution`` for an SFT warm-up leaves ``solution=`` to TRL's
+    ``accuracy_reward``), but the two that rewards already receive by these names: ``prompt`` (the
+    prompts) and ``answer`` (the mapped answer)."""
+    return [c for c in columns if c not in ("prompt", "answer")]

@@ -124,7 +124,7 @@ class DatasetTask:
         record = data[0]
         mapping = resolve(self.config.preset, _explicit(self.config.columns), list(data.column_names), record,
                           source=repr(path))
-        return data, mapping, extra_columns(mapping, list(data.column_names))
+        return data, mapping, extra_columns(list(data.column_names))
 
     @property
     def renderer(self) -> ChatRenderer:

@@ -7,7 +7,10 @@ Levels (``docs/conformance.md``):
 - **L1 math**: advantages, losses and KL on fixed tensors equal the reference functions
   (:mod:`unirl.algorithms`) to 1e-6, for every value the backend claims;
 - **L2 step**: one optimizer step from identical weights and batch gives the reference loss,
-  gradient norm and parameter update (tolerances per dtype in :data:`TOLERANCES`);
+  gradient norm and parameter update (bounds per dtype in :data:`BOUNDS`, each
+  ``|err| <= atol + rtol x scale`` with the scale a correct implementation's rounding grows with;
+  each result carries its error / bound ratio: ``python -m unirl.testing.margins`` measures them
+  across thread counts and CPU kernel paths);
 - **L3 run**: a short tiny run learns, and a run stopped at step k and resumed ends with the
   same weights and metrics as the uninterrupted run.
 
@@ -22,6 +25,6 @@ TrainerBackendTests``: importing that module imports pytest), or from the comman
 
 from __future__ import annotations
 
-from unirl.testing.results import LEVELS, TOLERANCES, CheckResult
+from unirl.testing.results import BOUNDS, LEVELS, TOLERANCES, Bound, CheckResult
 
-__all__ = ["LEVELS", "TOLERANCES", "CheckResult"]
+__all__ = ["BOUNDS", "LEVELS", "TOLERANCES", "Bound", "CheckResult"]

@@ -10,7 +10,7 @@ from unirl.capabilities import ON, Support
 from unirl.config import choices
 from unirl.testing.context import KitContext
 from unirl.testing.knobs import VARIANT_AGG, shown
-from unirl.testing.results import TOLERANCES, Case, CheckResult, compare
+from unirl.testing.results import BOUNDS, Case, CheckResult, compare
 
 B, L, GROUP = 6, 5, 3
 #: hard-coded framework values a check's result depends on, shown with its knobs
@@ -210,8 +210,7 @@ def _check(ctx: KitContext, name: str, key: str, value: Any, method: str, build:
         got = call(math)
     except Exception as exc:  # noqa: BLE001
         return CheckResult(name, "L1", "error", knobs, reason=f"{type(exc).__name__}: {exc}")
-    return compare(name, "L1", knobs, got, call(ReferenceMath()), abs_tol=TOLERANCES["L1"]["abs"],
-                   tolerance=f"abs <= {TOLERANCES['L1']['abs']:g}")
+    return compare(name, "L1", knobs, got, call(ReferenceMath()), bound=BOUNDS["L1"]["value"])
 
 
 def cases() -> list[Case]:

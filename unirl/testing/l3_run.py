@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,10 @@ def check_learns(ctx: KitContext) -> CheckResult:
     stray = check_row_keys({k for r in rows for k in r}, ctx.backend)
     ok = sft1 <= sft0 * (1 - MIN_SFT_DROP) and r1 - r0 >= MIN_REWARD_GAIN and not stray
     keys = f"; metric keys neither shared nor under '{ctx.backend}/': {', '.join(stray)}" if stray else ""
-    return CheckResult("learns", "L3", "passed" if ok else "failed", knobs, reason=(
+    # the margin: what is required over what was seen, for each of the two gains (a pass is <= 1)
+    drop, gain = 1 - sft1 / sft0 if sft0 > 0 else 0.0, r1 - r0
+    ratio = max(MIN_SFT_DROP / drop if drop > 0 else math.inf, MIN_REWARD_GAIN / gain if gain > 0 else math.inf)
+    return CheckResult("learns", "L3", "passed" if ok else "failed", knobs, ratio=ratio, reason=(
         f"loss/sft {sft0:.3f} -> {sft1:.3f} (needs -{MIN_SFT_DROP:.0%}); reward/mean {r0:.3f} -> {r1:.3f} "
         f"(needs +{MIN_REWARD_GAIN}){keys}"))
 
@@ -108,7 +112,7 @@ def check_resume(ctx: KitContext, *, overrides: list[str] | None = None, steps: 
     err = max(float((a[k] - b[k]).abs().max()) for k in a)
     ok = err == 0.0 and same_rows and a.keys() == b.keys()
     return CheckResult("resume", "L3", "passed" if ok else "failed", knobs, err, None, "bit-identical weights",
-                       reason=f"metrics.jsonl {'identical' if same_rows else 'DIFFERENT'} (timings aside)")
+                       ratio=0.0 if ok else math.inf, reason=f"metrics.jsonl {'identical' if same_rows else 'DIFFERENT'} (timings aside)")
 
 
 def cases() -> list[Case]:

@@ -21,6 +21,7 @@ own recompute. Four checks, on a tiny Qwen2 of a shape every engine accepts (hea
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -142,6 +143,7 @@ def check_weight_push(kit: RolloutKit, *, max_new_tokens: int = 12) -> CheckResu
               f"{mine[wrong[0], :width].tolist()}, transformers {want[wrong[0], :width].tolist()}): the engine did "
               f"not take (all of) the pushed weights" if wrong else "")
     return CheckResult("weight_push", LEVEL, status, {"rollout": kit.name}, max_abs=float(len(wrong)),
+                       ratio=math.inf if wrong else 0.0,
                        tolerance="greedy tokens equal transformers' on the pushed weights", reason=reason)
 
 
@@ -177,7 +179,7 @@ def check_logprobs(kit: RolloutKit, backend: str) -> CheckResult:
     except Exception as exc:  # noqa: BLE001 - reported
         return CheckResult("logprobs", LEVEL, "error", knobs, reason=f"{type(exc).__name__}: {exc}")
     return CheckResult("logprobs", LEVEL, "passed" if worst <= LOGPROB_TOL else "failed", knobs,
-                       max_abs=worst, tolerance=f"max |logp_engine - logp_{backend}| <= {LOGPROB_TOL:g} "
+                       max_abs=worst, ratio=worst / LOGPROB_TOL, tolerance=f"max |logp_engine - logp_{backend}| <= {LOGPROB_TOL:g} "
                                                 f"(mean {float(diff.mean()):.2g} over {diff.numel()} tokens)")
 
 
@@ -232,6 +234,7 @@ def check_sampling(kit: RolloutKit, *, temperature: float = 0.7, top_k: int = 40
                            reason=f"{outside} of {SAMPLES} samples are tokens the filters exclude")
     p, dof = chi_square_p(counts, q)
     return CheckResult("sampling", LEVEL, "passed" if p >= ALPHA else "failed", knobs, max_abs=p,
+                       ratio=ALPHA / p if p > 0 else math.inf,
                        tolerance=f"chi-square p >= {ALPHA:g} ({dof} dof, {SAMPLES} samples; false alarms 1 in "
                                  f"{1 / ALPHA:.0f})",
                        reason="" if p >= ALPHA else f"the sampled counts do not fit the filtered softmax (p={p:.2g})")
@@ -296,6 +299,7 @@ def check_masks(kit: RolloutKit, *, max_new_tokens: int = 16, samples: int = 128
     if eos_rows == 0:
         bad.append("no sampled response contained EOS, so the EOS rule was not exercised")
     return CheckResult("masks", LEVEL, "failed" if bad else "passed", knobs, max_abs=float(len(bad)),
+                       ratio=math.inf if bad else 0.0,
                        tolerance=f"{len(sampled)} sampled rows ({eos_rows} with EOS) and greedy rows follow the rule"
                                  f"{' (also with a stop string)' if stops else ''}",
                        reason="; ".join(bad[:4]))

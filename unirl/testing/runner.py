@@ -48,13 +48,15 @@ def print_table(results: Sequence[CheckResult], subject: str, console: Any) -> N
     from rich.table import Table
 
     table = Table(title=f"unirl conformance: {subject if ' ' in subject else f'backend {subject}'}")
-    for col in ("test", "level", "knob values", "result", "max abs err", "max rel err", "tolerance / skip reason"):
+    for col in ("test", "level", "knob values", "result", "max abs err", "max rel err", "err/bound",
+                "tolerance / skip reason"):
         table.add_column(col, overflow="fold")
     style = {"passed": "green", "failed": "bold red", "error": "bold red", "skipped": "yellow"}
     for r in results:
         table.add_row(r.check, r.level, " ".join(f"{k}={v}" for k, v in r.knobs.items()),
                       f"[{style[r.status]}]{r.status}[/]",
                       "" if r.max_abs is None else f"{r.max_abs:.3g}", "" if r.max_rel is None else f"{r.max_rel:.3g}",
+                      "" if r.ratio is None else f"{r.ratio:.2g}",
                       r.reason if r.status != "passed" else (r.tolerance or r.reason))
     console.print(table)
     s = summary(results)
