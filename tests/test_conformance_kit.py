@@ -96,7 +96,7 @@ def test_wrong_aggregation_fails_l1_and_l2_with_the_error_size(wrong_plugin):
     results = {(r.level, r.check, tuple(r.knobs.items())): r for r in run_conformance("wrong", ["L1", "L2"])}
     failed = {k: r for k, r in results.items() if r.status == "failed"}
     l1 = failed[("L1", "aggregate", (("algorithm.loss_agg", "token_mean"),))]
-    assert l1.max_abs > 1e-3 and l1.tolerance == "|err| <= 1e-06" and l1.ratio > 1e3
+    assert l1.max_abs > 1e-3 and l1.tolerance.startswith("|err| <= 1e-06 + 1e-06 x") and l1.ratio > 1e2
     assert ("L1", "policy_loss", (("algorithm.loss_agg", "token_mean"),)) in failed
     l2 = [r for k, r in failed.items() if k[0] == "L2"]
     # rl_step with token_mean, rl_step with policy_loss=cispo (its check aggregates with token_mean), the

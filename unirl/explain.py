@@ -93,7 +93,7 @@ def _step(recipe: Any, model: Any, batch: Any) -> tuple[float, dict[str, Any]]:
 
     model = copy.deepcopy(model)
     policy = {"policy": model, "reference": model}
-    loss = _policy_loss(policy, batch, recipe)
+    loss, _ = _policy_loss(policy, batch, recipe)  # (the loss, its scale)
     loss.backward()
     t = recipe.trainer
     params = [p for p in model.parameters() if p.grad is not None]

@@ -193,7 +193,8 @@ def _check(ctx: KitContext, name: str, key: str, value: Any, method: str, build:
         return ctx.skip(name, "L1", key, value)
     if ctx.is_reference:
         return ctx.reference_skip(name, "L1", {key: shown(value)})
-    knobs, call = build(ctx, fixed_tensors())
+    tensors = _Inputs(fixed_tensors())
+    knobs, call = build(ctx, tensors)
     knobs.update({f"algorithm.{k}": f"{v} (fixed by the framework)" for k, v in ctx.fixed_algorithm().items()
                   if k in _FIXED_SHOWN.get(name, ())})
     math = _math(ctx)
@@ -210,7 +211,30 @@ def _check(ctx: KitContext, name: str, key: str, value: Any, method: str, build:
         got = call(math)
     except Exception as exc:  # noqa: BLE001
         return CheckResult(name, "L1", "error", knobs, reason=f"{type(exc).__name__}: {exc}")
-    return compare(name, "L1", knobs, got, call(ReferenceMath()), bound=BOUNDS["L1"]["value"])
+    expected = call(ReferenceMath())
+    return compare(name, "L1", knobs, got, expected, bound=BOUNDS["L1"]["value"], scale=tensors.scale(expected))
+
+
+class _Inputs(dict):  # type: ignore[type-arg]
+    """The fixed tensors, remembering which a check reads: its bound's scale is their magnitude (a
+    framework may compute in float32 what the kit hands it in float64: OpenRLHF's KL, TRL's advantages)."""
+
+    def __init__(self, tensors: dict[str, Any]) -> None:
+        super().__init__(tensors)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def scale(self, expected: Any) -> Any:
+        """``max |input| + |expected|``, elementwise over the expected values."""
+        import torch
+
+        inputs = [dict.__getitem__(self, k) for k in self.read]
+        biggest = max((float(t.abs().max()) for t in inputs if torch.is_tensor(t) and t.is_floating_point()
+                       and t.numel()), default=0.0)
+        return torch.as_tensor(expected, dtype=torch.float64).abs() + biggest
 
 
 def cases() -> list[Case]:

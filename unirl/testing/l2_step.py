@@ -80,7 +80,8 @@ def _oracle_update(model: Any, recipe: Any, loss_fn: Any,
     t = recipe.trainer
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip if t.grad_clip is not None else float("inf"))
-    grads = {n.replace(".default", ""): float(p.grad.abs().max()) for n, p in model.named_parameters() if p.grad is not None}
+    grads = {n.replace(".default", ""): float(p.grad.abs().max()) for n, p in model.named_parameters()
+             if p.grad is not None}
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, betas=(t.beta1, t.beta2),
                             eps=t.eps, weight_decay=t.weight_decay)
     opt.step()
@@ -212,7 +213,7 @@ def _step_check(ctx: KitContext, name: str, knobs: dict[str, Any], overrides: li
                 raise AssertionError(f"export() wrote no {t.model!r} after training it (wrote {sorted(exported)})")
             got = load_file(f"{exported[t.model]}/model.safetensors")
             loss, scale, norm, grads, expected = _oracle_update(oracles[t.model], recipe,
-                                                  lambda m, t=t: t.loss(oracles, batch, recipe))
+                                                                lambda m, t=t: t.loss(oracles, batch, recipe))
             if t.model == "policy" and "adapter" in exported:  # LoRA: the adapters are the update
                 from peft import get_peft_model_state_dict
 
@@ -250,9 +251,10 @@ def _policy_loss(models: dict[str, Any], batch: Any, recipe: Any) -> Any:
     algo = recipe.algorithm
     entropy = token_entropy(logits) if algo.entropy_coef else token_entropy(logits).detach()  # the bonus has a gradient
     loss, stats = policy_objective(logp=token_logprobs(logits, batch.input_ids), old_logp=batch.old_logprobs,
-                               ref_logp=batch.ref_logprobs if algo.kl_loss_coef > 0 else None,
-                               advantages=batch.advantages, mask=mask, entropy=entropy, algo=algo,
-                               normaliser=step_normaliser(mask, algo.loss_agg, norm_length=loss_norm_length(recipe)),
+                                   ref_logp=batch.ref_logprobs if algo.kl_loss_coef > 0 else None,
+                                   advantages=batch.advantages, mask=mask, entropy=entropy, algo=algo,
+                                   normaliser=step_normaliser(mask, algo.loss_agg,
+                                                              norm_length=loss_norm_length(recipe)),
                                    n_tokens=float(mask.sum()), is_weights=batch.is_weights, scale=True)
     return loss, stats["loss/scale"]
 
@@ -292,17 +294,16 @@ def _dpo_loss(models: dict[str, Any], pairs: Any, recipe: Any) -> Any:
     pi, n = sums(models["policy"]), len(pairs)
     loss = dpo_objective(pi_c=pi[:n], pi_r=pi[n:], ref_c=ref[:n], ref_r=ref[n:], algo=recipe.algorithm,
                          n_pairs=float(n))[0]
-    return loss, _sensitivity_scale(loss, pi, ref, lambda p, r: dpo_objective(
-        pi_c=p[:n], pi_r=p[n:], ref_c=r[:n], ref_r=r[n:], algo=recipe.algorithm, n_pairs=float(n))[0])
+    return loss, _sensitivity_scale(loss, lambda p, r: dpo_objective(
+        pi_c=p[:n], pi_r=p[n:], ref_c=r[:n], ref_r=r[n:], algo=recipe.algorithm, n_pairs=float(n))[0], pi, ref)
 
 
-def _sensitivity_scale(loss: Any, *inputs_and_fn: Any) -> Any:
-    """The scale of a loss of a few summed scores (log-prob sums, reward scores): ``|L| + sum_i
-    |x_i dL/dx_i|`` over the scores ``x``, the loss's first-order change when every score moves by
-    its own magnitude (each carries the rounding of the terms it sums)."""
+def _sensitivity_scale(loss: Any, fn: Any, *inputs: Any) -> Any:
+    """The scale of a loss ``fn(*inputs)`` of a few summed scores (log-prob sums, reward scores,
+    values): ``|L| + sum_i |x_i dL/dx_i|`` over the scores ``x``, the loss's first-order change when
+    every score moves by its own magnitude (each carries the rounding of the terms it sums)."""
     import torch
 
-    *inputs, fn = inputs_and_fn
     xs = [x.detach().double().requires_grad_(True) for x in inputs]
     grads = torch.autograd.grad(fn(*xs), xs)
     return loss.detach().abs() + sum((x.detach() * g).abs().sum() for x, g in zip(xs, grads, strict=True)).float()
@@ -401,8 +402,8 @@ def _rm_loss(models: dict[str, Any], pairs: Any, recipe: Any) -> Any:
     seqs, n = pairs.sequences, len(pairs)
     scores = models["reward_model"](input_ids=seqs.input_ids, attention_mask=seqs.attention_mask).logits[:, 0]
     loss = reward_model_objective(r_c=scores[:n], r_r=scores[n:], n_pairs=float(n))[0]
-    return loss, _sensitivity_scale(loss, scores, lambda x: reward_model_objective(r_c=x[:n], r_r=x[n:],
-                                                                                    n_pairs=float(n))[0])
+    return loss, _sensitivity_scale(loss, lambda x: reward_model_objective(r_c=x[:n], r_r=x[n:], n_pairs=float(n))[0],
+                                    scores)
 
 
 def _stage_case(ctx: KitContext, stage: str, layout: tuple[str, ...] = ()) -> CheckResult:
@@ -456,9 +457,9 @@ def _value_loss(models: dict[str, Any], batch: Any, recipe: Any) -> Any:
     values = models["critic"](input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1, 0].float()
     loss = value_objective(values=values, old_values=batch.values, returns=batch.returns, mask=mask,
                            clip=recipe.algorithm.value_clip, n_tokens=float(mask.sum()))[0]
-    return loss, _sensitivity_scale(loss, values, lambda v: value_objective(
+    return loss, _sensitivity_scale(loss, lambda v: value_objective(
         values=v, old_values=batch.values.double(), returns=batch.returns.double(), mask=mask.double(),
-        clip=recipe.algorithm.value_clip, n_tokens=float(mask.sum()))[0])
+        clip=recipe.algorithm.value_clip, n_tokens=float(mask.sum()))[0], values)
 
 
 def _critic_case(ctx: KitContext, layout: tuple[str, ...] = ()) -> CheckResult:
