@@ -210,10 +210,16 @@ def test_ppo_with_critic_stop_and_resume_matches(tiny_model_dir, tmp_path):
     assert [M.deterministic_view(r) for r in read_rows(full)] == [M.deterministic_view(r) for r in read_rows(part)]
 
 
-def test_unloadable_model_fails_with_exit_1_and_a_run_record(short_overrides, tmp_path, capsys):
+def test_unloadable_model_fails_with_exit_1_and_a_run_record(short_overrides, tiny_model_dir, tmp_path, capsys):
+    """A model folder whose files are all there and whole (the load-time checks pass: a folder missing
+    them exits 2, tests/test_reliability.py) but whose weights do not fit its config: the run fails
+    loading it, exit 1, and run.json records the failure."""
+    import shutil
+
     broken = tmp_path / "broken-model"
-    broken.mkdir()
-    (broken / "config.json").write_text('{"model_type": "qwen2"}')  # a model dir without weights or tokenizer
+    shutil.copytree(tiny_model_dir, broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "hidden_size": config["hidden_size"] * 2}))
     overrides = [o for o in short_overrides if not o.startswith("model.path=")]
     assert _run([*overrides, f"model.path={broken}"]) == 1
     err = " ".join(capsys.readouterr().err.split())
