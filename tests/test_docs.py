@@ -80,3 +80,12 @@ def test_benchmarks_doc_shows_the_simplest_loop_verbatim():
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
     indented = "".join("  " + line if line.strip() else line for line in shown.splitlines(True))
     assert "class SimpleLoop:" in shown and f"  ```python\n{indented}  ```" in doc
+
+
+def test_every_environment_variable_the_docs_name_is_read_by_the_code():
+    """Doc drift: a variable the docs tell users to set (UNIRL_...) is one the code reads."""
+    docs = [*(ROOT / "docs").rglob("*.md"), ROOT / "README.md"]
+    named = {m for p in docs for m in re.findall(r"\bUNIRL_[A-Z0-9_]+\b", p.read_text())}
+    code = "\n".join(p.read_text(errors="replace") for d in ("unirl", "backends", "plugins", "scripts")
+                     for p in (ROOT / d).rglob("*") if p.is_file() and p.suffix in (".py", ".sh"))
+    assert named and not sorted(n for n in named if n not in code)
