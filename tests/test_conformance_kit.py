@@ -168,3 +168,27 @@ def test_native_passes_every_level_from_the_cli(tmp_path):
     for r in data["results"]:
         assert r["check"] in proc.stdout
     assert f"{len(checked)} passed, 0 failed, {len(reference)} skipped" in proc.stdout
+
+
+def test_the_margins_table_keeps_the_worst_ratio_a_later_run_replaces_an_earlier_and_flags_thin_margins(tmp_path):
+    """python -m unirl.testing.margins: a level run again replaces its earlier results; a bound seen
+    above 0.1 of its limit is flagged, a threshold is shown as one; the table lands between the markers."""
+    from unirl.testing.margins import table, write_markdown
+
+    def run(backend, threads, kernel, levels, results):
+        return {"backend": backend, "threads": threads, "kernel": kernel, "levels": levels, "exit": 0, "seconds": 1.0,
+                "summary": {}, "results": [{"id": i, "status": "passed", "ratio": r} for i, r in results], "tail": ""}
+
+    record = {"cpu": "Test CPU", "threads": [1, 2], "kernels": ["default", "avx2"], "date": "2026-12-06", "runs": [
+        run("a", 1, "default", "L0..L3", [("L1 kl", 0.17), ("L2 rl_step", 0.02), ("L3 learns", 0.6)]),
+        run("a", 2, "avx2", "L0..L3", [("L1 kl", 0.01), ("L2 rl_step", 0.5)]),
+        run("a", 1, "default", "L1", [("L1 kl", 0.04)]),  # L1 measured again: replaces the 0.17
+    ]}
+    text = table(record)
+    assert "| L1 kl | 0.04 | a, 1 thr, default | 2 |" in text
+    assert "| L2 rl_step | 0.5 **(< 10x margin)** | a, 2 thr, avx2 | 2 |" in text
+    assert "| L3 learns | 0.6 (not a rounding bound) |" in text and "| a | 2 x L0..L3, 1 x L1 | 5 | 0 | 0 | 1 s |" in text
+    doc = tmp_path / "doc.md"
+    doc.write_text("before\n<!-- margins:start -->\nold\n<!-- margins:end -->\nafter\n")
+    write_markdown(doc, text)
+    assert doc.read_text().startswith("before\n<!-- margins:start -->\nCPU: Test CPU") and "old" not in doc.read_text()
