@@ -488,16 +488,17 @@ def test_an_openenv_style_environment_runs_unchanged(tmp_path, monkeypatch):
     assert ep.prompt_ids == ids("guess 0-3:") and len(ep.turn_ids) == 2 and ep.episode_return == 1.0
 
 
-@pytest.mark.parametrize("backend", ["native", "deepspeed"])
-def test_the_tool_task_is_solved_far_above_the_no_tool_baseline(backend, tmp_path):
+def test_the_tool_task_is_solved_far_above_the_no_tool_baseline(tmp_path):
     """Acceptance (issue 32) 1, shortened: three-digit sums after the recipe's SFT on the tool transcript
     and 30 GRPO steps, greedy on 64 problems. Measured (the full recipe, native): with the tool 0.67 after
-    SFT, 0.77 after 200 GRPO steps (sampled reward 0.51 -> 0.68); without it 0.00 (docs/agents.md)."""
+    SFT, 0.77 after 200 GRPO steps (sampled reward 0.51 -> 0.68); without it 0.00 (docs/agents.md).
+    Learning is shown end to end once, on native: the episodes are unirl's own on every backend, and a
+    backend's update of their batches is the same masked-token loss its conformance L2 numbers check
+    (deepspeed's is the reference loss on ZeRO ranks, L4)."""
     from tests.conftest import ROOT, read_rows
     from unirl.cli import main
 
-    if backend == "deepspeed":
-        pytest.importorskip("deepspeed")
+    backend = "native"
     recipe = str(ROOT / "configs" / "tool_calc_tiny.yaml")
     short = [f"backend={backend}", "stages.1.steps=30", "eval.every=30", "eval.size=64", "checkpoint.every=0",
              "run.threads=2"]
@@ -507,18 +508,17 @@ def test_the_tool_task_is_solved_far_above_the_no_tool_baseline(backend, tmp_pat
     rl = [r for r in rows if r["stage_type"] == "rl"]
     assert all(r[M.AGENT_TOOL_CALLS] > 0 and r[M.AGENT_TURNS_MEAN] > 1 for r in rl)
     assert with_tool >= 0.4, with_tool
-    if backend == "native":
-        assert main(["run", recipe, *short, "environment.name=null", "task.tool_transcript=false",
-                     "reward.name=arithmetic", f"run.dir={tmp_path / 'no-tool'}"]) == 0
-        without = read_rows(tmp_path / "no-tool")[-1]["eval/reward_mean"]
-        assert without <= 0.05 and with_tool - without >= 0.35, (with_tool, without)
+    assert main(["run", recipe, *short, "environment.name=null", "task.tool_transcript=false",
+                 "reward.name=arithmetic", f"run.dir={tmp_path / 'no-tool'}"]) == 0
+    without = read_rows(tmp_path / "no-tool")[-1]["eval/reward_mean"]
+    assert without <= 0.05 and with_tool - without >= 0.35, (with_tool, without)
 
 
 def test_the_real_size_tool_recipe_loads_and_its_transcript_is_what_the_environment_parses(tmp_path):
     """configs/tool_calc_qwen2.5_0.5b_grpo.yaml (GPU) on its stand-in's model: the SFT transcript of each
     problem replays as an episode scoring 1."""
     from tests.conftest import ROOT
-    from unirl.components import build_component
+    from unirl.builders import build_component
     from unirl.config import load_recipe
     from unirl.protocols import BuildContext
 

@@ -127,7 +127,7 @@ def test_the_simplest_loop_computes_native_s_update(tiny_model_dir, tmp_path):
     from unirl.bench.baselines import PlainLoops
     from unirl.engine.collate import sft_batch
     from unirl.engine.driver import Driver
-    from unirl.engine.stages import rl_step
+    from unirl.engine.steps import rl_step
 
     recipe = load_recipe("configs/grpo_tiny.yaml", [f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'r'}",
                                                     "stages.1.batch_size=4", "algorithm.group_size=4",
@@ -355,7 +355,7 @@ def test_phase_attribution_names_the_deepest_framework_frame():
     from unirl.bench.attribution import attribute, owner, table
 
     sp = "/v/lib/python3.11/site-packages"
-    step = f"rl_step ({ROOT}/unirl/engine/stages.py:180)"
+    step = f"rl_step ({ROOT}/unirl/engine/steps.py:180)"
     score = f"VerlTrainer.score ({ROOT}/backends/unirl-verl/unirl_backends/verl/trainer.py:110)"
     infer = f"BaseEngine.infer_batch ({sp}/verl/workers/engine/base.py:90)"
     v2 = f"logprobs_from_logits_v2 ({sp}/verl/utils/torch_functional.py:197)"
@@ -364,7 +364,7 @@ def test_phase_attribution_names_the_deepest_framework_frame():
     raw = "\n".join([f"main (x.py:1);{step};{score};{infer};{v2};{lin} 30",
                      f"main (x.py:1);{step};{score};{infer};{lin} 10",
                      f"main (x.py:1);{step};{update};{lin} 20",
-                     f"main (x.py:1);sft_step ({ROOT}/unirl/engine/stages.py:80);{lin} 99"])
+                     f"main (x.py:1);sft_step ({ROOT}/unirl/engine/steps.py:80);{lin} 99"])
     assert owner([score, infer, v2, lin]) == "logprobs_from_logits_v2 (verl/utils/torch_functional.py:197)"
     assert owner([update, lin]) == "NativeTrainer.update (unirl/engine/reference_trainer.py:124)"
     got = attribute(raw, rate=100)  # 10 ms a sample

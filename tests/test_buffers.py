@@ -13,7 +13,7 @@ from unirl.config import load_recipe
 from unirl.engine.driver import Driver
 from unirl.errors import ConfigError
 from unirl.plugin_manager import get_plugin_host
-from unirl.testing.components import make_component, rollout_batch
+from unirl.testing.component_checks import make_component, rollout_batch
 
 
 def test_prioritized_by_reward_std_keeps_the_most_disputed_groups_whole():

@@ -77,11 +77,13 @@ class WrongBackend(RecipeConfigured):
 class WrongPlugin:
     @hookimpl
     def unirl_register_backends(self, register):
-        register(BackendSpec(name="wrong", backend=WrongBackend, capabilities=Capabilities(knobs=all_values())))
+        register(BackendSpec(name="wrong", backend=WrongBackend, contract=4,
+                             capabilities=Capabilities(knobs=all_values())))
         limited = all_values()
         limited["algorithm.loss_agg"] = {"token_mean": Support.NATIVE}
         limited["algorithm.advantage"] = {"grpo": Support.EMULATED}
-        register("limited", RecipeConfigured, capabilities=Capabilities(knobs=limited))
+        register(BackendSpec(name="limited", backend=RecipeConfigured, contract=4,
+                             capabilities=Capabilities(knobs=limited)))
 
 
 @pytest.fixture

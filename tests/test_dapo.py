@@ -18,7 +18,7 @@ from unirl.batch import RolloutBatch
 from unirl.cli import main
 from unirl.config import load_recipe
 from unirl.engine.phases import PhaseTimer
-from unirl.engine.stages import dynamic_sampling
+from unirl.engine.steps import dynamic_sampling
 
 
 def test_overlong_penalty_hand_computed():
@@ -72,7 +72,7 @@ def components(max_batches: int) -> SimpleNamespace:
 
 
 def first_batch(c):
-    from unirl.engine.stages import _generate_and_score
+    from unirl.engine.steps import _generate_and_score
 
     return _generate_and_score(c, c.recipe.stages[0].batch_size, PhaseTimer())
 

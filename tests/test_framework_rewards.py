@@ -46,7 +46,7 @@ def test_trls_builtin_rewards_get_messages_and_keywords_as_grpotrainer_gives_the
 
     from trl.rewards import accuracy_reward, think_format_reward
 
-    from unirl.components import build_component
+    from unirl.builders import build_component
     from unirl.config import load_recipe
     from unirl.models.tiny import build_tokenizer
     from unirl.rewards import build_reward
@@ -167,7 +167,7 @@ def test_every_convention_gets_every_column_by_its_name_mapped_ones_too(conventi
     mapped label column as ``labels``; verl's: in ``extra_info``)."""
     from types import SimpleNamespace
 
-    from unirl.components import build_component
+    from unirl.builders import build_component
     from unirl.config import load_recipe
     from unirl.models.tiny import build_tokenizer
     from unirl.rewards import adapt_reward_fn

@@ -133,12 +133,12 @@ def test_openrlhf_rl_dry_run_writes_the_files_and_prints_the_command(openrlhf_rl
 
 
 def test_openrlhf_reward_hook_builds_the_recipe_reward_and_tokenizer_once(openrlhf_rl_dry_run, monkeypatch):
-    import unirl.components
+    import unirl.builders
     import unirl.config
     import unirl.models.loading
 
     calls = {"load_recipe": 0, "build_component": 0, "load_tokenizer": 0}
-    for module, name in ((unirl.config, "load_recipe"), (unirl.components, "build_component"),
+    for module, name in ((unirl.config, "load_recipe"), (unirl.builders, "build_component"),
                          (unirl.models.loading, "load_tokenizer")):
         original = getattr(module, name)
 
@@ -173,7 +173,7 @@ def test_openrlhf_dpo_dry_run(tiny_model_dir, tmp_path):
 
 def test_verl_console_lines_map_to_unirls_names():
     from unirl.subprocess_stage import map_metrics
-    from unirl_backends.verl.framework import METRICS, parse_console_line
+    from unirl_backends.verl.trainer_mode import METRICS, parse_console_line
 
     line = ("\x1b[36m(TaskRunner pid=4242)\x1b[0m step:3 - actor/pg_loss:np.float64(-0.125) - critic/score/mean:0.5 - "
             "actor/pg_clipfrac:0.0625 - actor/entropy:1.75 - actor/kl_loss:0.01 - timing_s/gen:2.5 - "
@@ -192,7 +192,7 @@ def test_openrlhf_step_lines_and_tensorboard_scalars_map_to_unirls_names(tmp_pat
     from torch.utils.tensorboard import SummaryWriter
 
     from unirl.subprocess_stage import TensorboardScalars, map_metrics
-    from unirl_backends.openrlhf.framework import DPO_METRICS, PPO_METRICS, derive_dpo, derive_ppo, parse_ppo_line
+    from unirl_backends.openrlhf.trainer_mode import DPO_METRICS, PPO_METRICS, derive_dpo, derive_ppo, parse_ppo_line
 
     line = ("(PPOTrainer pid=7) INFO 2026-01-01 10:00:00 ppo_trainer.py:551] ✨ Global step 2: {'policy_loss': 0.25, "
             "'kl': np.float64(0.02), 'ppo_clip_ratio': 0.1, 'entropy_loss': 2.0, 'rollout/reward_mean': 0.75, "
@@ -244,13 +244,13 @@ FAKE_MAIN_PPO = textwrap.dedent('''
 
 @pytest.fixture
 def fake_verl(tmp_path, monkeypatch):
-    import unirl_backends.verl.launch as launch
-    import unirl_backends.verl.plugin as plugin
+    import unirl.subprocess_stage as shared
+    import unirl_backends.verl.stage_command as launch
 
     script = tmp_path / "fake_main_ppo.py"
     script.write_text(FAKE_MAIN_PPO)
     monkeypatch.setattr(launch, "main_ppo_command", lambda overrides: [sys.executable, str(script), *overrides])
-    monkeypatch.setattr(plugin, "missing_on_this_machine", lambda *a, **k: None)  # as on a GPU machine
+    monkeypatch.setattr(shared, "missing_on_this_machine", lambda *a, **k: None)  # as on a GPU machine
     return script
 
 
@@ -322,14 +322,14 @@ FAKE_TRAIN_DPO = textwrap.dedent('''
 
 
 def test_openrlhf_dpo_trainer_mode_reads_tensorboard_scalars(tiny_model_dir, tmp_path, monkeypatch):
-    import unirl_backends.openrlhf.launch as launch
-    import unirl_backends.openrlhf.plugin as plugin
+    import unirl.subprocess_stage as shared
+    import unirl_backends.openrlhf.stage_command as launch
     from unirl.cli import main
 
     script = tmp_path / "fake_train_dpo.py"
     script.write_text(FAKE_TRAIN_DPO)
     monkeypatch.setattr(launch, "entry_command", lambda cli, gpus: [sys.executable, str(script)])
-    monkeypatch.setattr(plugin, "missing_on_this_machine", lambda *a, **k: None)
+    monkeypatch.setattr(shared, "missing_on_this_machine", lambda *a, **k: None)
     run_dir = tmp_path / "run"
     assert main(["run", str(DPO), "backend=openrlhf", "backend_options.mode=trainer", f"model.path={tiny_model_dir}",
                  f"run.dir={run_dir}", DPO_ONLY]) == 0

@@ -19,7 +19,7 @@ from unirl.capabilities import ON, Capabilities, all_values, recipe_knobs
 from unirl.contract import BackendSpec
 from unirl.plugin_manager import get_plugin_host
 from unirl.rewards.arithmetic import ArithmeticReward, ArithmeticRewardConfig
-from unirl.testing import components as C
+from unirl.testing import component_checks as C
 from unirl.testing.context import KitContext
 from unirl.testing.l0_translate import check_translate
 from unirl.testing.l2_step import cases as l2_cases
@@ -140,10 +140,13 @@ class BrokenPlugin:
 
     @hookimpl
     def unirl_register_backends(self, register):
-        register(BackendSpec(name="extra-knob", backend=ExtraKnobBackend, capabilities=Capabilities(knobs=all_values())))
-        register(BackendSpec(name="wrong-critic", backend=WrongCriticBackend, capabilities=Capabilities(knobs=all_values())))
+        register(BackendSpec(name="extra-knob", backend=ExtraKnobBackend, contract=4,
+                             capabilities=Capabilities(knobs=all_values())))
+        register(BackendSpec(name="wrong-critic", backend=WrongCriticBackend, contract=4,
+                             capabilities=Capabilities(knobs=all_values())))
         for backend in (SlightlyOffBackend, SlightlyOffAdamBackend):
-            register(BackendSpec(name=backend.name, backend=backend, capabilities=Capabilities(knobs=all_values())))
+            register(BackendSpec(name=backend.name, backend=backend, contract=4,
+                                 capabilities=Capabilities(knobs=all_values())))
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank_on_two_and_under_torchrun(tin
     """Checkpoints hold full states (optimizer keyed as in one process): stopped at dp=2, resumed at
     dp=1 it ends as the uninterrupted dp=1 run does (within the tolerance); resumed at dp=2 it
     ends bit-identical to the uninterrupted dp=2 run; resumed by ``torchrun --nproc-per-node 2``
-    (rank 0 drives, rank 1 answers it: unirl.distributed.launch) it ends as the spawned run."""
+    (rank 0 drives, rank 1 answers it: unirl.distributed.torchrun) it ends as the spawned run."""
     full2 = run_recipe(DEMO, tmp_path / "full2", tiny_model_dir, *LAYOUT_SHORT, "parallel.dp=2")
     run_recipe(DEMO, tmp_path / "part", tiny_model_dir, *LAYOUT_SHORT, "parallel.dp=2", "run.stop_after=4")
     part = run_recipe(DEMO, tmp_path / "part", tiny_model_dir, *LAYOUT_SHORT, "parallel.dp=2", "resume=auto")
@@ -73,7 +73,7 @@ def _torchrun(recipe, *overrides, nproc=2):
 def test_torchrun_needs_the_layout_to_use_every_launched_rank(tiny_model_dir, tmp_path):
     """Two launched processes and a one-rank recipe: both exit 2 before any model loads, and the
     message says how to fix either side; a launched rank without MASTER_ADDR is refused likewise."""
-    from unirl.distributed.launch import from_environment
+    from unirl.distributed.torchrun import from_environment
     from unirl.errors import ConfigError
 
     got = _torchrun(DEMO, f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'run'}")
@@ -152,7 +152,7 @@ def test_batches_follow_the_trainer_device_and_rank_answers_leave_as_plain_copie
 
 _FAILING_RANK = """
 import sys, torch, torch.distributed as dist
-from unirl.distributed.launch import LaunchedRanks, from_environment
+from unirl.distributed.torchrun import LaunchedRanks, from_environment
 
 class Worker:
     def step(self):

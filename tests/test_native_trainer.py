@@ -142,7 +142,7 @@ def test_the_train_inference_gap_comes_from_the_update_s_forward_when_the_traine
     from unirl import metrics as M
     from unirl.engine.driver import Driver
     from unirl.engine.pipeline import GenerationQueue
-    from unirl.engine.stages import rl_step
+    from unirl.engine.steps import rl_step
     from unirl.plugin_manager import get_plugin_host
 
     recipe = load_recipe(DEMO, [f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'r'}", "stages.1.batch_size=4",

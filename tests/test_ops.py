@@ -181,7 +181,7 @@ def test_report_of_a_run_killed_mid_step_is_an_incident_report(tmp_path):
     assert not (run_dir / "run.json").exists()
     assert main(["report", str(run_dir)]) == 0
     text = (run_dir / "report" / "report.md").read_text()
-    from unirl.ops.rundir import rows as read_run_rows
+    from unirl.ops.run_records import rows as read_run_rows
 
     rows = read_run_rows(run_dir)  # a row cut by the kill is left out, as the report leaves it out
     assert "## Incident" in text and "wrote no `run.json`" in text

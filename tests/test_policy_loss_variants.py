@@ -136,8 +136,9 @@ def test_a_backend_predating_the_knob_runs_ppo_only():
     class OldPlugin:
         @hookimpl
         def unirl_register_backends(self, register):
-            register(BackendSpec(name="old", backend=lambda recipe, options: None, capabilities=Capabilities(
-                knobs={"stages.type": {"rl": Support.NATIVE}, "algorithm.loss_agg": {"token_mean": Support.NATIVE}})))
+            knobs = {"stages.type": {"rl": Support.NATIVE}, "algorithm.loss_agg": {"token_mean": Support.NATIVE}}
+            register(BackendSpec(name="old", backend=lambda recipe, options: None, contract=4,
+                                 capabilities=Capabilities(knobs=knobs)))
 
     host = get_plugin_host()
     host.register_plugin(OldPlugin(), "old-plugin")
@@ -198,7 +199,7 @@ def test_verl_core_algos_agree_with_the_reference_on_random_batches(variant):
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     from unirl.config.derived import algorithm_section
-    from unirl_backends.verl.math import LOSS_AGG, POLICY_LOSS, actor_config
+    from unirl_backends.verl.algorithm_math import LOSS_AGG, POLICY_LOSS, actor_config
 
     agg = "seq_mean_token_mean" if variant in ("gspo_token", "gmpo", "sapo") else "token_mean"
     algo = algorithm_section(policy_loss=variant, loss_agg=agg, clip_low=0.2, clip_high=0.28)
@@ -238,7 +239,7 @@ def test_trl_cispo_is_unirl_cispo_without_a_lower_bound():
     Fixed the TRL backend declares)."""
     pytest.importorskip("trl")
     from unirl.config.derived import algorithm_section
-    from unirl_backends.trl.math import TRLMath
+    from unirl_backends.trl.algorithm_math import TRLMath
 
     logp, old, adv, mask = random_batch(0)
     algo = algorithm_section(policy_loss="cispo", loss_agg="token_mean", clip_low=1.0, clip_high=0.28, group_size=8)
@@ -262,7 +263,7 @@ def test_verl_geo_mean_is_a_micro_batch_mean_so_the_refusal_is_still_needed():
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     from unirl.config.derived import algorithm_section
-    from unirl_backends.verl.math import LOSS_AGG, actor_config
+    from unirl_backends.verl.algorithm_math import LOSS_AGG, actor_config
 
     logp, old, adv, mask = random_batch(3)
     halves = (slice(0, 4), slice(4, 8))

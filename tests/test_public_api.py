@@ -1,4 +1,4 @@
-"""The public core API (unirl.public): what backends and plugins may import, and nothing else."""
+"""The backend kit (unirl.public.KIT): what backends and plugins may import, and nothing else."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 import pytest
 
 from tests.conftest import ROOT
-from unirl.public import PUBLIC_API, is_public
+from unirl.public import KIT, is_public, kit_size
 
 #: the backend and plugin distributions, their tests included
 PLUGIN_CODE = [ROOT / "unirl_backends", *sorted((ROOT / "backends").glob("unirl-*")), ROOT / "plugins" / "unirl-example-plugin",
@@ -30,20 +30,41 @@ def core_imports(root):
                         yield path, node.lineno, alias.name, None
 
 
-def test_every_public_name_exists():
-    for module, names in PUBLIC_API.items():
+def test_every_kit_name_exists():
+    for module, names in KIT.items():
         mod = importlib.import_module(module)
-        missing = [n for n in names if n != "*" and not hasattr(mod, n)
-                   and importlib.util.find_spec(f"{module}.{n}") is None]  # a submodule (unirl.metrics)
-        assert not missing, f"{module} lists {missing} as public but does not define them"
+        missing = [n for n in names if not hasattr(mod, n) and importlib.util.find_spec(f"{module}.{n}") is None]
+        assert not missing, f"{module} lists {missing} in the kit but does not define them"
+
+
+def test_the_kit_is_a_third_of_the_old_public_api_and_the_facades_export_it_exactly():
+    """Issue 42: the designed kit is at most a third of the 160 names unirl.public listed before; the two
+    facade modules export exactly their kit names (``__all__``), nothing that would leak by ``import *``."""
+    assert kit_size() <= 160 // 3, f"the kit has {kit_size()} names; at most {160 // 3}"
+    for module in ("unirl.trainers", "unirl.frameworks"):
+        assert tuple(importlib.import_module(module).__all__) == KIT[module], module
+
+
+def test_the_facades_import_no_framework():
+    """``unirl.trainers`` / ``unirl.frameworks`` are imported by every backend distribution, the trl-only one
+    included, some by their plugin module at plugin load: importing them imports no framework, not even
+    torch (their members are imported on first use)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, unirl.trainers, unirl.frameworks, unirl.testing.suite; "
+            "print(sorted(m for m in ('torch', 'deepspeed', 'peft', 'verl', 'openrlhf', 'trl', 'megatron', 'ray', "
+            "'vllm', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
 
 
 @pytest.mark.parametrize("root", PLUGIN_CODE, ids=lambda p: p.name)
 def test_backends_and_plugins_import_only_the_public_core(root):
     private = [f"{f}:{line}: from {m} import {n}" if n else f"{f}:{line}: import {m}"
                for f, line, m, n in core_imports(root) if not is_public(m, n)]
-    assert not private, "non-public core names imported (add them to unirl.public and docs/plugins.md, or " \
-                        "stop using them):\n" + "\n".join(private)
+    assert not private, "core names outside the backend kit imported (use the kit, unirl.public.KIT and " \
+                        "docs/plugins.md#the-backend-kit):\n" + "\n".join(private)
 
 
 def test_the_scan_catches_a_private_import(tmp_path):
@@ -55,10 +76,9 @@ def test_the_scan_catches_a_private_import(tmp_path):
 
 def test_plugins_md_lists_the_public_api():
     text = (ROOT / "docs" / "plugins.md").read_text()
-    section = text.split("## Public API", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## The backend kit", 1)[1].split("\n## ", 1)[0]
     listed = re.findall(r"^\| `([a-z_.]+)` \|", section, flags=re.M)
-    assert sorted(listed) == sorted(PUBLIC_API), (sorted(set(PUBLIC_API) - set(listed)),
-                                                  sorted(set(listed) - set(PUBLIC_API)))
+    assert sorted(listed) == sorted(KIT), (sorted(set(KIT) - set(listed)), sorted(set(listed) - set(KIT)))
 
 
 def _import_graph():
@@ -101,11 +121,11 @@ LAYERS = [
      "unirl.hookspecs", "unirl.public", "unirl.userfiles", "unirl.progress", "unirl.run_lock",
      "unirl.config.choices"],
     ["unirl.config", "unirl.algorithms", "unirl.registry", "unirl.contract", "unirl.plugin_manager"],
-    ["unirl.components", "unirl.models", "unirl.tasks", "unirl.rewards", "unirl.rollouts", "unirl.buffers",
+    ["unirl.builders", "unirl.models", "unirl.tasks", "unirl.rewards", "unirl.rollouts", "unirl.buffers",
      "unirl.loggers", "unirl.checkpoint", "unirl.distributed", "unirl.builtin_plugin", "unirl.engine.collate"],
     ["unirl.engine", "unirl.subprocess_stage", "unirl.export", "unirl.importing"],
     ["unirl.bench", "unirl.testing", "unirl.cli", "unirl.__main__", "unirl.explain",
-     "unirl.ops"],
+     "unirl.ops", "unirl.trainers", "unirl.frameworks"],
 ]
 
 

@@ -188,11 +188,12 @@ def test_async_run_on_ray_workers_killed_with_sigkill_resumes_with_its_saved_bat
     args = [str(DEMO), *_short(tiny_model_dir), *POOLS, "rollout.max_staleness=2"]
     calm, hit = tmp_path / "calm", tmp_path / "hit"
     assert main(["run", *args, f"run.dir={calm}"]) == 0
-    # the checkpoint of step 9 is held half-written until the kill: polling the rows raced the run
+    # the checkpoint of step 9 is held half-written until the kill (tests/faults/slow_checkpoint.py: the
+    # real CLI, its checkpoint writer slowed in the child process): polling the rows raced the run
     # (on a busy machine the step-9 checkpoint completed between two polls and the resume began there)
-    pause = {"UNIRL_TEST_CHECKPOINT_PAUSE_S": "120", "UNIRL_TEST_CHECKPOINT_PAUSE_AT": "step-00000009"}
-    proc = subprocess.Popen([sys.executable, "-m", "unirl", "run", *args, f"run.dir={hit}"], cwd=ROOT,
-                            env={**child_env(), **pause}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    pause = ["tests.faults.slow_checkpoint", "step-00000009", "120"]
+    proc = subprocess.Popen([sys.executable, "-m", *pause, "run", *args, f"run.dir={hit}"], cwd=ROOT,
+                            env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)  # its own process group: the driver and its Ray cluster
     deadline = time.monotonic() + 300
     while not (hit / "checkpoints" / "step-00000009.tmp").is_dir():

@@ -69,7 +69,7 @@ TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endf
 
 @pytest.mark.parametrize("recipe", sorted(REAL_SIZE))
 def test_real_size_recipe_loads_reads_its_data_format_and_scores(recipe, tmp_path):
-    from unirl.components import build_component
+    from unirl.builders import build_component
     from unirl.config.loader import load_recipe
     from unirl.models.tiny import build_tokenizer
     from unirl.protocols import BuildContext

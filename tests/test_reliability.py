@@ -345,12 +345,13 @@ def test_export_refuses_what_is_not_a_checkpoint(tmp_path, capsys):
     assert "holds no complete checkpoint" in _err(capsys)
 
 
-def _kill_when(args: list[str], ready, env: dict[str, str] | None = None, timeout: float = 300) -> None:
-    """Start ``unirl run ARGS``; SIGKILL it as soon as ``ready()`` is true."""
+def _kill_when(args: list[str], ready, entry: tuple[str, ...] = ("unirl",), timeout: float = 300) -> None:
+    """Start ``unirl run ARGS`` (through ``entry``, a module run with ``python -m``, and its arguments:
+    a fault of ``tests/faults/``); SIGKILL it as soon as ``ready()`` is true."""
     import signal
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "unirl", "run", *args], cwd=ROOT, env={**child_env(), **(env or {})},
+    proc = subprocess.Popen([sys.executable, "-m", *entry, "run", *args], cwd=ROOT, env=child_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout
     while not ready():
@@ -377,8 +378,8 @@ _KILLS = [("native", "inside a checkpoint write"), ("native", "mid-step"), ("trl
 def test_sigkill_then_resume_ends_identical_to_an_uninterrupted_run(backend, where, tiny_model_dir, tmp_path):
     """SIGKILL (no chance to clean up), then resume=auto: the same final weights and metrics rows
     as a run never interrupted. "inside a checkpoint write": the writer is held half-done (weights
-    written, no state or manifest) when the kill lands. Runs on two ranks too: the driver is
-    killed, its rank processes end with it."""
+    written, no state or manifest: the run is started through tests/faults/slow_checkpoint.py) when
+    the kill lands. Runs on two ranks too: the driver is killed, its rank processes end with it."""
     backend, *layout = backend.split()
     from unirl.plugin_manager import get_plugin_host
 
@@ -391,7 +392,7 @@ def test_sigkill_then_resume_ends_identical_to_an_uninterrupted_run(backend, whe
     assert main(["run", *args, f"run.dir={full}"]) == 0
     if where == "inside a checkpoint write":
         _kill_when([*args, f"run.dir={part}"], lambda: (part / "checkpoints" / "step-00000004.tmp").is_dir(),
-                   env={"UNIRL_TEST_CHECKPOINT_PAUSE_S": "30", "UNIRL_TEST_CHECKPOINT_PAUSE_AT": "step-00000004"})
+                   entry=("tests.faults.slow_checkpoint", "step-00000004", "30"))
         assert (part / "checkpoints" / "step-00000004.tmp").is_dir()  # killed inside the write
     else:
         _kill_when([*args, f"run.dir={part}"], lambda: _rows(part) >= 5)  # past the checkpoint at 4
@@ -399,6 +400,23 @@ def test_sigkill_then_resume_ends_identical_to_an_uninterrupted_run(backend, whe
     a, b = load_file(str(full / "model" / "model.safetensors")), load_file(str(part / "model" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [M.deterministic_view(r) for r in read_rows(full)] == [M.deterministic_view(r) for r in read_rows(part)]
+
+
+def test_no_module_under_unirl_reads_a_test_only_environment_variable():
+    """Fault injection lives in the tests (``tests/faults/``: wrapper entry points that monkeypatch
+    the real code in the child process), never in a ``UNIRL_TEST_*`` switch read on a production
+    path: every string in unirl's code that starts with that prefix (an environment read, a key
+    built from it) fails this test."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "unirl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+                node = node.values[0]
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("UNIRL_TEST_"):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert not found, found
 
 
 @pytest.mark.parametrize("override", ["trainer.lr=nan", "algorithm.clip_low=inf", "stages.1.lr=-inf"])

@@ -15,9 +15,9 @@ from omegaconf import OmegaConf
 
 from tests.conftest import DEMO, read_rows
 from unirl import metrics as M
+from unirl.algorithms.failed_groups import NoGroupLeft, drop_failed_groups
 from unirl.batch import RolloutBatch
 from unirl.cli import main
-from unirl.engine.stages import StepSkipped, drop_failed_groups
 from unirl.errors import RunError
 from unirl.rewards import RewardPolicy, adapt_reward_fn
 
@@ -100,7 +100,7 @@ def test_skip_group_leaves_out_whole_groups_in_whole_mini_batches():
     assert kept.group_index.tolist() == [0, 0, 2, 2, 3, 3] and skipped == 1
     kept, skipped = drop_failed_groups(rollout, divisor=4)  # 3 good groups = 6 sequences: one more goes
     assert kept.group_index.tolist() == [0, 0, 2, 2] and skipped == 2
-    with pytest.raises(StepSkipped, match="failed in 4 of 4 groups"):
+    with pytest.raises(NoGroupLeft, match="failed in 4 of 4 groups"):
         drop_failed_groups(_rollout([nan] * 8, group=2), divisor=1)
 
 

@@ -168,7 +168,7 @@ def test_cli_usage_error_exits_2(capsys):
 class SftOnlyBackend:
     @hookimpl
     def unirl_register_backends(self, register):
-        register(BackendSpec(name="sft_only", backend="nowhere_xyz:Backend",
+        register(BackendSpec(name="sft_only", backend="nowhere_xyz:Backend", contract=4,
                              capabilities=Capabilities(knobs={"stages.type": {"sft": Support.NATIVE}})))
 
 
@@ -190,7 +190,7 @@ class TokenMeanOnlyBackend:
 
     @hookimpl
     def unirl_register_backends(self, register):
-        register(BackendSpec(name="token_mean_only", backend="module_that_is_never_imported_xyz:Backend",
+        register(BackendSpec(name="token_mean_only", backend="module_that_is_never_imported_xyz:Backend", contract=4,
                              capabilities=Capabilities(knobs={"algorithm.loss_agg": {"token_mean": Support.NATIVE},
                                                               "kl.placement": {"in_loss": Support.NATIVE}})))
 

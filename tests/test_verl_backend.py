@@ -235,7 +235,7 @@ def test_trainer_mode_launcher_writes_verls_inputs_and_a_reward_that_calls_unirl
     import pandas as pd
 
     from unirl.cli import main
-    from unirl_backends.verl.launch import IDENTITY_CHAT_TEMPLATE
+    from unirl_backends.verl.stage_command import IDENTITY_CHAT_TEMPLATE
 
     run_dir = tmp_path / "run"
     assert main(["run", str(DEMO), f"run.dir={run_dir}", "backend=verl", "backend_options.mode=trainer",
@@ -316,7 +316,7 @@ import torch
 from rich.console import Console
 from unirl.config import load_recipe
 from unirl.engine.driver import Driver
-from unirl.engine.stages import rl_step
+from unirl.engine.steps import rl_step
 from unirl.plugin_manager import get_plugin_host
 from unirl.protocols import ScoreRequest
 

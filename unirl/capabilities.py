@@ -100,8 +100,8 @@ class Deviation:
 class Capabilities:
     """A backend's declared abilities.
 
-    ``mode``: deprecated (unirl contract 2), read only for a backend registered the contract-2 way;
-    a backend's run mode is :attr:`unirl.contract.BackendSpec.mode`.
+    ``mode``: gone since contract 3 (a backend's run mode is :attr:`unirl.contract.BackendSpec.mode`); kept
+    so that a spec still setting it is refused at load naming the change, not with a TypeError.
     ``knobs``: canonical knob -> {value: Support}; ``stages.type`` lists the stage types.
     ``fixed``: recipe keys the framework hard-codes (:class:`Fixed`).
     ``environments``: trainer mode runs multi-turn recipes (the framework's agent loop).

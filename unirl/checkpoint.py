@@ -86,16 +86,10 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _test_pause(name: str) -> None:
-    """Tests only: ``UNIRL_TEST_CHECKPOINT_PAUSE_S`` holds a checkpoint write half-done for that long
-    (weights written, state and manifest not), so a test can SIGKILL the run inside it: every write,
-    or only checkpoint ``UNIRL_TEST_CHECKPOINT_PAUSE_AT`` (e.g. ``step-00000004``)."""
-    seconds = os.environ.get("UNIRL_TEST_CHECKPOINT_PAUSE_S")
-    at = os.environ.get("UNIRL_TEST_CHECKPOINT_PAUSE_AT")
-    if seconds and (not at or name.startswith(at)):
-        import time
-
-        time.sleep(float(seconds))
+def _write_json(path: Path, obj: Any) -> None:
+    """``state.json`` and ``manifest.json``, in that order, after every other file of the checkpoint
+    (the fault test ``tests/faults/slow_checkpoint.py`` holds the write here, half-done)."""
+    path.write_text(json.dumps(obj, indent=1))
 
 
 def _sha256(path: Path) -> str:
@@ -130,15 +124,14 @@ def save_checkpoint(run_dir: str | Path, *, global_step: int, trainer_state: dic
         for current, obj in files:
             torch.save(obj, current)
             written.append(current)
-        _test_pause(tmp.name)
         current = tmp / "state.json"
-        current.write_text(json.dumps(state, indent=1))
+        _write_json(current, state)
         written.append(current)
         for path in written:
             _fsync(path)
         current = tmp / MANIFEST
         manifest = {"files": {p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in written}}
-        current.write_text(json.dumps(manifest, indent=1))
+        _write_json(current, manifest)
         _fsync(current)
         if final.exists():
             shutil.rmtree(final)

@@ -19,7 +19,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from unirl.config import load_recipe
-    from unirl.distributed.launch import active
+    from unirl.distributed.torchrun import active
     from unirl.engine.driver import Driver
     from unirl.plugin_manager import get_plugin_host
     from unirl.progress import make_console
@@ -138,7 +138,7 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
                            "stages=[{name: s, type: rl, steps: 1}]"], host=host)  # bad options: exit 2 now
         results = run_rollout_checks(args.rollout, options, host=host, backends=backends, progress=progress)
     elif component is not None:
-        from unirl.testing.components import run_component_checks
+        from unirl.testing.component_checks import run_component_checks
 
         if args.learn_steps or args.level != "L0..L3":
             raise UsageError("--level and --learn-steps apply to --backend; a component's checks take --option, "
@@ -492,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.func is _cmd_run:  # under torchrun: rank 0 drives, the other ranks answer it
-            from unirl.distributed.launch import from_environment
+            from unirl.distributed.torchrun import from_environment
 
             launch = from_environment()
             if launch is not None and not launch.leads:

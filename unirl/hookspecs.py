@@ -19,8 +19,9 @@ registered), ``ctx`` a :class:`unirl.protocols.BuildContext` (recipe, run direct
 model path, tokenizer, trainer).
 
 Backends register one :class:`unirl.contract.BackendSpec`: ``register(BackendSpec(name=...,
-backend=..., options=..., capabilities=..., mode=...))``. The other registration callbacks take
-``register(name, factory, *, config_class=None, description="", contract=None)``:
+backend=..., contract=4, options=..., capabilities=..., mode=...))``, ``contract`` required (the
+contract version the backend was written for; :mod:`unirl.contract`). The other registration
+callbacks take ``register(name, factory, *, config_class=None, description="", contract=None)``:
 
 - ``name``: what a recipe writes (``reward.name=arithmetic``);
 - ``factory``: a callable building the component, or a ``"module:attr"`` string that is
@@ -29,8 +30,12 @@ backend=..., options=..., capabilities=..., mode=...))``. The other registration
 - ``config_class``: a dataclass whose fields are the component's recipe options, validated
   by OmegaConf before anything is built (a field made with :func:`unirl.userfiles.path_field`
   is a path checked at load for the kind of thing it must name);
-- ``contract``: the contract version the plugin was written for (:mod:`unirl.contract`); None
-  means the current one.
+- ``contract``: the contract version the plugin was written for (:mod:`unirl.contract`): another
+  than the current one fails at load naming each change since; None (undeclared) is accepted, the
+  component being checked against its protocol, member by member and by signature, when it is built.
+
+Every factory is checked against the call unirl makes (``factory(recipe, options)``,
+``factory(config, ctx)``): a callable one at registration, a ``"module:attr"`` one when imported.
 """
 
 from __future__ import annotations
@@ -57,14 +62,16 @@ def unirl_register_backends(register: Register) -> None:
     """Register training backends (``backend=NAME`` in a recipe).
 
     Called once, when the plugin manager loads plugins, with ``register(BackendSpec(...))``
-    (:class:`unirl.contract.BackendSpec`: name, factory, options class, capabilities, mode). The
+    (:class:`unirl.contract.BackendSpec`: name, factory, contract version (required), options class,
+    capabilities, mode; the contract-2 form ``register(name, factory, ...)`` is refused). The
     factory is called as ``factory(recipe, options) -> Backend``, ``options`` an instance of the
     spec's ``options`` class holding the recipe's ``backend_options`` (:class:`unirl.protocols.Backend`: ``build_trainer``, which
     returns an :class:`~unirl.protocols.EngineTrainer` or a :class:`~unirl.protocols.StageRunner`,
     and ``math``; for conformance L0 also :class:`~unirl.protocols.ConfigTranslator`'s
     ``translate`` and ``read_back``); it is imported only when a recipe selects the backend.
-    The trainer is checked against its protocol when a run builds it: a missing method is a
-    :class:`unirl.errors.PluginContractError` naming the plugin and the method. ``capabilities`` declares what the backend can
+    The trainer is checked against its protocol when a run builds it: a missing method, or one whose
+    signature cannot take unirl's calls, is a :class:`unirl.errors.PluginContractError` naming the
+    plugin and the method. ``capabilities`` declares what the backend can
     express: the recipe is checked against it before any model is built.
     """
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from unirl.errors import ConfigError
 
@@ -36,9 +36,59 @@ class Note:
         return f"{self.key}={self.value!r}: {self.detail}"
 
 
+class OptionReader:
+    """Reads a framework configuration option by option, keeping account of what carried over.
+
+    ``get(key)`` returns the framework's value of ``key`` (its default underneath what was written);
+    ``written`` lists the keys the user wrote, in order. ``read(key, knob)`` returns the value and
+    marks the key used; when the user did not write it and ``knob`` names what it sets, the default
+    is recorded (:attr:`defaults`). ``unexpressed(key, why)`` records an option unirl cannot express;
+    :meth:`finish` sorts every written key not read into ``ignored`` (``infrastructure`` prefixes:
+    no effect on what is computed) or ``unexpressed``."""
+
+    def __init__(self, get: Any, written: list[str]) -> None:
+        self._get = get
+        self.written = list(dict.fromkeys(written))
+        self.used: set[str] = set()
+        self.defaults: list[Note] = []
+        self.unexpressed_notes: list[Note] = []
+
+    def read(self, key: str, knob: str | None = None) -> Any:
+        value = self._get(key)
+        self.used.add(key)
+        if knob and key not in self.written:
+            self.defaults.append(Note(key, value, f"the framework's default; sets {knob}"))
+        return value
+
+    def wrote(self, key: str) -> bool:
+        return key in self.written
+
+    def unexpressed(self, key: str, why: str) -> None:
+        self.used.add(key)
+        self.unexpressed_notes.append(Note(key, self._get(key), why))
+
+    def finish(self, imported: ImportedRecipe, infrastructure: tuple[str, ...], why: str) -> ImportedRecipe:
+        imported.defaults += self.defaults
+        imported.unexpressed += self.unexpressed_notes
+        for key in self.written:
+            if key in self.used:
+                continue
+            value = self._get(key)
+            if key.startswith(infrastructure):
+                imported.ignored.append(Note(key, value, why))
+            else:
+                imported.unexpressed.append(Note(key, value, "no unirl knob computes it; the recipe runs without it"))
+        return imported
+
+
 @dataclass
 class ImportedRecipe:
-    """A framework configuration as a unirl recipe (plain data) and what did not carry over."""
+    """A framework configuration as a unirl recipe (plain data) and what did not carry over
+    (each a :class:`Note`, also reachable as ``ImportedRecipe.Note``)."""
+
+    Note: ClassVar[type[Note]] = Note
+    #: what an importer reads the framework's options with
+    Reader: ClassVar[type[OptionReader]] = OptionReader
 
     recipe: dict[str, Any]
     framework: str
@@ -115,48 +165,3 @@ def write_imported(imported: ImportedRecipe, out: str | Path) -> tuple[Path, lis
             warnings.append(f"{exc.key}={exc.value!r} does not exist here: the recipe runs where it does, or "
                             f"override {exc.key}")
             overrides += stand_in  # checks the rest of the recipe without it (the tiny model: HF generate)
-
-
-class OptionReader:
-    """Reads a framework configuration option by option, keeping account of what carried over.
-
-    ``get(key)`` returns the framework's value of ``key`` (its default underneath what was written);
-    ``written`` lists the keys the user wrote, in order. ``read(key, knob)`` returns the value and
-    marks the key used; when the user did not write it and ``knob`` names what it sets, the default
-    is recorded (:attr:`defaults`). ``unexpressed(key, why)`` records an option unirl cannot express;
-    :meth:`finish` sorts every written key not read into ``ignored`` (``infrastructure`` prefixes:
-    no effect on what is computed) or ``unexpressed``."""
-
-    def __init__(self, get: Any, written: list[str]) -> None:
-        self._get = get
-        self.written = list(dict.fromkeys(written))
-        self.used: set[str] = set()
-        self.defaults: list[Note] = []
-        self.unexpressed_notes: list[Note] = []
-
-    def read(self, key: str, knob: str | None = None) -> Any:
-        value = self._get(key)
-        self.used.add(key)
-        if knob and key not in self.written:
-            self.defaults.append(Note(key, value, f"the framework's default; sets {knob}"))
-        return value
-
-    def wrote(self, key: str) -> bool:
-        return key in self.written
-
-    def unexpressed(self, key: str, why: str) -> None:
-        self.used.add(key)
-        self.unexpressed_notes.append(Note(key, self._get(key), why))
-
-    def finish(self, imported: ImportedRecipe, infrastructure: tuple[str, ...], why: str) -> ImportedRecipe:
-        imported.defaults += self.defaults
-        imported.unexpressed += self.unexpressed_notes
-        for key in self.written:
-            if key in self.used:
-                continue
-            value = self._get(key)
-            if key.startswith(infrastructure):
-                imported.ignored.append(Note(key, value, why))
-            else:
-                imported.unexpressed.append(Note(key, value, "no unirl knob computes it; the recipe runs without it"))
-        return imported

@@ -97,7 +97,7 @@ NONDETERMINISTIC_PREFIXES = ("time/", "throughput/", "memory/", "comm/")  # comm
 #: Where a row sits in the run.
 ROW_KEYS = ("stage", "stage_type", "step", "global_step")
 #: Every shared metric name: the constants above, and the statistics the reference losses and
-#: the rl step report (``unirl.algorithms.objectives``, ``unirl.engine.stages``). A backend
+#: the rl step report (``unirl.algorithms.objectives``, ``unirl.engine.steps``). A backend
 #: writes these with the same meaning, and anything else under its own name as prefix.
 SHARED = frozenset({
     *(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str) and "/" in v),

@@ -86,10 +86,14 @@ class PluginHost:
                                                capabilities=capabilities, description=description,
                                                contract=contract))
 
+                owner = _owner(info)
                 try:
                     impl.function(**({"register": register} if "register" in impl.argnames else {}))
-                except PluginLoadError:
-                    raise
+                except PluginLoadError as exc:
+                    if owner in str(exc):
+                        raise
+                    # raised where the plugin is not known (a BackendSpec built without its contract): name it
+                    raise type(exc)(f"{owner}, while running {hook_name}: {exc}") from exc
                 except Exception as exc:  # noqa: BLE001
                     raise PluginLoadError(
                         f'Error in plugin "{info.name}" (distribution {info.distribution or "unknown"}) '
@@ -98,45 +102,70 @@ class PluginHost:
         return registry
 
 
+def _owner(info: PluginInfo) -> str:
+    return f'plugin "{info.name}" (distribution {info.distribution or "unknown"})'
+
+
 def _registration(kind: str, info: PluginInfo, name: Any, factory: Any, *, config_class: type | None,
                   capabilities: Any, description: str, contract: int | None) -> Registration:
-    """One ``register(...)`` call as a Registration, its contract version checked. A backend
-    registers a :class:`~unirl.contract.BackendSpec`; the contract-2 form ``register(name, factory,
-    config_class=..., capabilities=...)`` still works for a backend, with a DeprecationWarning, its
-    mode taken from ``Capabilities.mode`` (``backend_options.mode`` when its options have one)."""
-    from unirl.contract import BackendSpec, check_version
+    """One ``register(...)`` call as a Registration, its contract version and its factory's signature
+    checked (:mod:`unirl.contract`). A backend registers a :class:`~unirl.contract.BackendSpec`, which
+    declares its contract (required); a component registers ``register(name, factory, ...)`` and may
+    declare one (``contract=N``). Every failure is a :class:`PluginLoadError` naming the plugin, the
+    registration, what is wrong and the fix."""
+    from unirl.contract import CONTRACT_VERSION, BackendSpec, changes_since, check_version
 
-    owner = f'plugin "{info.name}" (distribution {info.distribution or "unknown"})'
-    spec: BackendSpec | None
+    owner = _owner(info)
     if isinstance(name, BackendSpec):
         spec = name
+        what = f"{owner}, backend {spec.name!r},"
         if kind != "backend":
             raise PluginLoadError(f"{owner} registered a BackendSpec ({spec.name!r}) with a {kind} registration "
                                   f"hook: register it in unirl_register_backends.")
-        check_version(spec.contract, f"{owner}, backend {spec.name!r},")
+        extra = {k: v for k, v in (("factory", factory), ("config_class", config_class),
+                                   ("capabilities", capabilities), ("description", description or None),
+                                   ("contract", contract)) if v is not None}
+        if extra:
+            raise PluginLoadError(f"{what} registered with register(BackendSpec(...), {', '.join(extra)}=...): "
+                                  f"register(BackendSpec(...)) takes the spec alone; give these as the spec's "
+                                  f"fields (backend=, options=, capabilities=, description=, contract=).")
+        check_version(spec.contract, what, required=True)
+        declared_mode = getattr(spec.capabilities, "mode", None)
+        if declared_mode is not None:
+            raise PluginLoadError(f"{what} declares Capabilities(mode={declared_mode!r}), which unirl does not read "
+                                  f"(contract 3 moved the run mode to the spec): remove it and give "
+                                  f"BackendSpec(mode=...), \"engine\", \"trainer\" or a function of the backend's "
+                                  f"options returning one.")
+        _check_factory(spec.backend, kind, what)
         return Registration(kind=kind, name=spec.name, factory=spec.backend, config_class=spec.options,
                             capabilities=spec.capabilities, description=spec.description, plugin=info.name,
                             distribution=info.distribution, spec=spec)
+    if kind == "backend":
+        raise PluginLoadError(
+            f"{owner} registered backend {name!r} with register(name, factory, ...), the form of unirl contract "
+            f"2, which this unirl no longer accepts: it speaks contract {CONTRACT_VERSION}, which changed: "
+            f"{changes_since(2)}. Register a BackendSpec instead: register(BackendSpec(name={name!r}, "
+            f"backend=<the factory>, options=<its config_class>, capabilities=..., mode=\"engine\" | "
+            f"\"trainer\", contract={CONTRACT_VERSION})) (unirl.contract.BackendSpec, docs/plugins.md).")
     if not isinstance(name, str) or factory is None:
         raise PluginLoadError(f"{owner} called register({name!r}{', ...' if factory is not None else ''}) in its "
-                              f"{kind} registration hook: give register(name, factory, ...)"
-                              f"{' or register(BackendSpec(...))' if kind == 'backend' else ''}.")
-    check_version(contract, f"{owner}, {kind} {name!r},")
-    spec = None
-    if kind == "backend":
-        import warnings
-
-        declared = getattr(capabilities, "mode", None) or "engine"
-        has_mode_option = config_class is not None and "mode" in getattr(config_class, "__dataclass_fields__", {})
-        mode: Any = (lambda options, _d=declared: getattr(options, "mode", _d)) if has_mode_option else declared
-        warnings.warn(f"{owner} registers backend {name!r} with register(name, factory, ...), unirl contract 2: "
-                      f"register a unirl.contract.BackendSpec instead (its mode is taken from Capabilities.mode"
-                      f"{' and backend_options.mode' if has_mode_option else ''} until then).",
-                      DeprecationWarning, stacklevel=3)
-        spec = BackendSpec(name=name, backend=factory, options=config_class, capabilities=capabilities, mode=mode,
-                           contract=2, description=description)
+                              f"{kind} registration hook: give register(name, factory, ...).")
+    what = f"{owner}, {kind} {name!r},"
+    check_version(contract, what)
+    _check_factory(factory, kind, what)
     return Registration(kind=kind, name=name, factory=factory, config_class=config_class, capabilities=capabilities,
-                        description=description, plugin=info.name, distribution=info.distribution, spec=spec)
+                        description=description, plugin=info.name, distribution=info.distribution, spec=None)
+
+
+def _check_factory(factory: Any, kind: str, what: str) -> None:
+    """A callable factory is checked at registration; a ``"module:attr"`` one when it is imported
+    (:meth:`Registration.load`)."""
+    from unirl.contract import factory_problem
+
+    if callable(factory):
+        problem = factory_problem(factory, kind)
+        if problem is not None:
+            raise PluginLoadError(f"{what} {problem}.")
 
 
 def _csv_env(name: str) -> set[str] | None:

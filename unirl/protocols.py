@@ -49,6 +49,13 @@ class Example:
         """The example as raw text, for continued pretraining."""
         return self.prompt + self.completion
 
+    @staticmethod
+    def require_rejected(examples: Sequence[Example]) -> None:
+        """Preference stages need a dispreferred completion on every example."""
+        missing = [ex.prompt for ex in examples if ex.rejected is None]
+        if missing:
+            raise ValueError(f"preference stages need examples with a rejected completion; {missing[0]!r} has none")
+
 
 # -------------------------------------------------------------------------------------------
 # Components: task, reward, rollout, buffer
@@ -59,9 +66,8 @@ class Example:
 class Task(Protocol):
     """A dataset of prompts with references (``task.name``).
 
-    Optional: ``validation(limit: int | None) -> list[Example]``, the held-out examples that
-    ``eval.every`` scores (the first ``limit``, always the same ones); a task without it cannot be
-    evaluated during training (refused at recipe load)."""
+    Optional: :class:`ValidationExamples` (``validation(limit)``), the held-out examples that
+    ``eval.every`` scores; a task without it cannot be evaluated during training (refused at recipe load)."""
 
     def sample(self, n: int) -> list[Example]:
         """``n`` examples, drawn from the task's own seeded generator."""
@@ -112,13 +118,13 @@ class SamplingParams:
 class RolloutEngine(Protocol):
     """Generates completions with the current policy (``rollout.name``).
 
-    An engine either samples with the trainer's own module (``shares_trainer_policy`` is True:
-    it took ``EngineTrainer.policy_module()`` at build time, and weight sync sends nothing) or
-    keeps its own copy, which ``load_weights`` refreshes after each update.
+    An engine either samples with the trainer's own module (it answers :class:`SharesTrainerPolicy`
+    with True: it took ``EngineTrainer.policy_module()`` at build time, and weight sync sends
+    nothing) or keeps its own copy, which ``load_weights`` refreshes after each update.
+    Optional members, each a protocol of its own: :class:`SharesTrainerPolicy`,
+    :class:`TokenGenerator`, :class:`ExampleRollout`, :class:`GenerationPool`,
+    :class:`CountsSequences`, :class:`HoldsTokenizer`, :class:`CountedCalls`, :class:`Closeable`.
     """
-
-    #: True when the engine samples with the trainer's in-process policy module itself
-    shares_trainer_policy: bool
 
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
         """Completions for every prompt, ``params.n`` each, grouped contiguously."""
@@ -156,14 +162,9 @@ class Environment(Protocol):
     Token in, token out: the rollout appends the tokens the engine generated and the tokenised
     ``observation`` of each step to the episode's sequence; it never re-tokenises the conversation.
     Only the model's own tokens are trained on (``response_mask``); observations are context.
+    Optional: :class:`ToolSchemas` (``tools``, the tools it offers) and :class:`TurnStops`
+    (``stop``, the strings that end a model turn).
     """
-
-    #: the tools the environment offers, as JSON schemas in the OpenAI function format
-    #: (``{"type": "function", "function": {"name", "description", "parameters"}}``); may be empty
-    tools: list[dict[str, Any]]
-    #: strings that end a model turn so that the environment can answer (e.g. ``"</tool_call>"``);
-    #: a turn also ends at EOS or ``rollout.max_new_tokens``
-    stop: list[str]
 
     def reset(self, example: Example, seed: int) -> str | None:
         """Start an episode for ``example``; ``seed`` is the episode's own (the same on a resumed
@@ -353,21 +354,39 @@ class FixedBatchSteps(Protocol):
 
 
 @runtime_checkable
-class AlgorithmMath(Protocol):
-    """A framework's own functions behind unirl's canonical math (reference:
-    :class:`unirl.algorithms.reference.ReferenceMath`). Engine-mode runs compute the KL in the
-    reward and the advantages with it; conformance L1 compares every method to the reference."""
+class MathAggregate(Protocol):
+    """The framework's loss aggregation (``algorithm.loss_agg``): conformance L1 compares it."""
 
     def aggregate(self, loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm_length: int) -> torch.Tensor: ...
 
+
+@runtime_checkable
+class MathAdvantages(Protocol):
+    """The framework's advantage estimators (``algorithm.advantage``): conformance L1 compares them."""
+
     def advantages(self, algo: Any, scores: torch.Tensor, mask: torch.Tensor, group_index: torch.Tensor,
                    values: torch.Tensor | None = None, kl: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class MathAdvantagesAndReturns(Protocol):
+    """Advantages and the critic's returns in one call: what an engine-mode rl step computes with."""
 
     def advantages_and_returns(self, algo: Any, scores: torch.Tensor, mask: torch.Tensor, group_index: torch.Tensor,
                                values: torch.Tensor | None = None, kl: torch.Tensor | None = None,
                                ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
+
+@runtime_checkable
+class MathKL(Protocol):
+    """The framework's KL estimators (in the reward for engine-mode runs; L1 compares them)."""
+
     def kl(self, logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str, clamp: float | None) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class MathPolicyLoss(Protocol):
+    """The framework's policy loss (``algorithm.policy_loss`` and its knobs): conformance L1 compares it."""
 
     def policy_loss(self, algo: Any, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
                     advantages: torch.Tensor, mask: torch.Tensor, entropy: torch.Tensor | None,
@@ -375,11 +394,35 @@ class AlgorithmMath(Protocol):
         """The step's policy loss. ``rollout_logp`` (only passed when the backend claims
         ``algorithm.tis_cap``): the rollout engine's log-probs, for truncated importance sampling."""
 
+
+@runtime_checkable
+class MathValueLoss(Protocol):
+    """The framework's critic loss (``algorithm.value_clip``): conformance L1 compares it."""
+
     def value_loss(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
                    clip: float | None) -> torch.Tensor: ...
 
+
+@runtime_checkable
+class MathDPOLoss(Protocol):
+    """The framework's preference loss (``algorithm.dpo_loss``): conformance L1 compares it."""
+
     def dpo_loss(self, pi_c: torch.Tensor, pi_r: torch.Tensor, ref_c: torch.Tensor, ref_r: torch.Tensor, *,
                  beta: float, loss_type: str, label_smoothing: float) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class AlgorithmMath(MathAggregate, MathAdvantages, MathAdvantagesAndReturns, MathKL, MathPolicyLoss, MathValueLoss,
+                    MathDPOLoss, Protocol):
+    """A framework's own functions behind unirl's canonical math (reference:
+    :class:`unirl.algorithms.reference.ReferenceMath`). Engine-mode runs compute the KL in the
+    reward and the advantages with it; conformance L1 compares every method to the reference.
+
+    Each method is a protocol of its own (``MathAggregate`` ... ``MathDPOLoss``) because a
+    trainer-mode framework's adapter offers only the functions its framework has: the kit checks
+    each claimed knob with ``isinstance(math, MathPolicyLoss)`` and so on, and fails a claimed knob
+    whose method is absent. Optional beyond these: :class:`MathOverlongPenalty`,
+    :class:`PolicyLossNames`."""
 
 
 # -------------------------------------------------------------------------------------------
@@ -452,6 +495,169 @@ class DirectBaselines(Protocol):
 
     def direct_baseline(self, recipe: Any, recipe_path: str, overrides: list[str], workdir: Any,
                         steps: int) -> Any: ...
+
+
+# Rollout engines
+
+
+@runtime_checkable
+class SharesTrainerPolicy(Protocol):
+    """A rollout engine that says whether it samples with the trainer's in-process policy module
+    itself (it took ``EngineTrainer.policy_module()`` at build time). Read by the driver (no
+    rollout log-probs are asked for: same weights, no train-inference gap) and by weight sync (it
+    sends nothing). Absent: the engine keeps a copy of its own, as if False."""
+
+    #: True when the engine samples with the trainer's in-process policy module itself
+    shares_trainer_policy: bool
+
+
+def shares_trainer_policy(rollout: object) -> bool:
+    """Whether ``rollout`` samples with the trainer's own module (:class:`SharesTrainerPolicy`):
+    the one place that reads the optional member, for the driver, weight sync and wrappers."""
+    return isinstance(rollout, SharesTrainerPolicy) and bool(rollout.shares_trainer_policy)
+
+
+@runtime_checkable
+class ExampleRollout(Protocol):
+    """A rollout that plays whole examples rather than prompts (the multi-turn rollout of
+    ``environment.name``: each environment starts from its example). The generation queue and
+    ``eval.every`` call it instead of ``generate``. Absent: ``generate(prompts, params)``."""
+
+    def generate_examples(self, examples: Sequence[Example], params: SamplingParams) -> RolloutBatch:
+        """``params.n`` episodes per example, grouped contiguously, as ``generate`` returns them."""
+
+
+@runtime_checkable
+class GenerationPool(Protocol):
+    """A rollout whose calls run elsewhere (vLLM's engine process, Ray rollout workers): the
+    generation queue sends a batch's calls with ``submit`` and trains meanwhile, then waits with
+    ``collect``. Absent: the queue calls ``generate`` and the batch is made at once, in process."""
+
+    def submit(self, prompts: Sequence[str], params: SamplingParams, *, immediate: bool = False) -> Any:
+        """Send the calls and return at once: a ticket for :meth:`collect`. ``immediate``: the batch
+        is wanted right away (nothing ahead in the queue), so the pool may carry the driver's random state."""
+
+    def collect(self, ticket: Any) -> RolloutBatch:
+        """The batch of ``submit``'s calls, in prompt order (waiting for them)."""
+
+
+@runtime_checkable
+class CountsSequences(Protocol):
+    """A rollout that counts the sequences a step took from it (``rollout/sequences``, Ray pools):
+    the generation queue tells it each batch it hands a step. Absent: nothing is counted."""
+
+    def count_sequences(self, n: int) -> None: ...
+
+
+@runtime_checkable
+class HoldsTokenizer(Protocol):
+    """A rollout that holds the run's tokenizer: dynamic sampling pads the batches it joins with its
+    ``pad_token_id``. Absent (or None): padding id 0, which the attention mask hides anyway."""
+
+    tokenizer: Any
+
+
+# Trainers
+
+
+@runtime_checkable
+class ReportsLogprobDiff(Protocol):
+    """An engine trainer whose ``update`` measures the train-inference gap itself
+    (``rollout/logprob_diff_*``) on a batch it trains once without old log-probs: True saves the rl
+    step a scoring forward, and then the update's row must carry the metrics (checked). Absent or
+    False: the step scores the old log-probs to measure it."""
+
+    reports_logprob_diff: bool
+
+
+# Rewards
+
+
+@runtime_checkable
+class PolicedReward(Protocol):
+    """A reward called under the recipe's reward policy (:class:`unirl.rewards.checked.CheckedReward`,
+    what the driver builds): ``policy.on_error`` decides whether failed groups are left out of the
+    rl step and whether rows carry ``reward/failed``. Absent: ``on_error=fail`` (a failure raises)."""
+
+    #: a :class:`unirl.config.sections.RewardPolicy` (``on_error``, ``isolation``, ...)
+    policy: Any
+
+
+@runtime_checkable
+class DeclaredRange(Protocol):
+    """A reward function that declares the range of its scores: the run and the conformance kit
+    check every score against it. Absent (or None): only finiteness is checked."""
+
+    #: ``(low, high)``, inclusive, or None
+    reward_range: tuple[float, float] | None
+
+
+# Environments
+
+
+@runtime_checkable
+class ToolSchemas(Protocol):
+    """An environment that advertises tools to the model (chat templates, frameworks' tool loops).
+    Absent: it offers none."""
+
+    #: JSON schemas in the OpenAI function format
+    #: (``{"type": "function", "function": {"name", "description", "parameters"}}``); may be empty
+    tools: list[dict[str, Any]]
+
+
+@runtime_checkable
+class TurnStops(Protocol):
+    """An environment whose answers are triggered by strings the model writes (e.g.
+    ``"</tool_call>"``): rollouts add them to the turn's stop strings. Absent: a turn ends at EOS
+    or ``rollout.max_new_tokens`` only."""
+
+    stop: list[str]
+
+
+# Tasks and options (checked on the registered class, at recipe load)
+
+
+@runtime_checkable
+class ValidationExamples(Protocol):
+    """A task with held-out examples: ``eval.every`` scores them. Checked on the task's class when
+    the recipe is loaded (``issubclass``); absent: a recipe with ``eval.every`` is refused."""
+
+    def validation(self, limit: int | None = None) -> list[Example]:
+        """The first ``limit`` held-out examples (all when None), always the same ones."""
+
+
+@runtime_checkable
+class ValidatedOptions(Protocol):
+    """A plugin's options class (``config_class``) with its own check, run at recipe load after
+    types and keys: a returned string is a ConfigError naming the section. ``validate(cfg)``, or
+    ``validate(cfg, recipe)`` to read the rest of the recipe. Checked on the class
+    (``issubclass``); absent: types and keys only."""
+
+    @staticmethod
+    def validate(cfg: Any, recipe: Any = None) -> str | None: ...
+
+
+# Algorithm math (on what ``Backend.math()`` returns)
+
+
+@runtime_checkable
+class MathOverlongPenalty(Protocol):
+    """The framework's own overlong-response shaping (``algorithm.overlong_buffer``): the rl step
+    adds it to the rewards, and conformance L1 compares it. Absent: unirl's
+    :func:`unirl.algorithms.length_penalty.overlong_penalty` (and L1 fails a claim of the knob
+    unless it is emulated)."""
+
+    def overlong_penalty(self, lengths: torch.Tensor, max_new_tokens: int, buffer: int, factor: float
+                         ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class PolicyLossNames(Protocol):
+    """A math adapter that says what the framework calls each ``algorithm.policy_loss`` value
+    (shown with conformance L1's results). Absent: unirl's names are shown."""
+
+    #: ``{unirl value: the framework's own setting}``
+    policy_loss_names: Mapping[str, str]
 
 
 @dataclass

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unirl.capabilities import Capabilities
-from unirl.errors import PluginLoadError, UnknownBackendError, UnknownComponentError
+from unirl.errors import PluginContractError, PluginLoadError, UnknownBackendError, UnknownComponentError
 
 KINDS = ("backend", "rollout", "reward", "buffer", "task", "logger", "environment")
 
@@ -28,11 +28,17 @@ class Registration:
     description: str = ""
     plugin: str = ""
     distribution: str = ""
-    #: backends: the spec they registered (unirl.contract.BackendSpec), which decides the run mode
+    #: backends: the spec they registered (unirl.contract.BackendSpec: run mode, contract version); None for
+    #: the other kinds
     spec: Any = None
 
     def load(self) -> Callable[..., Any]:
-        """Return the factory, importing it first if it was registered as ``"module:attr"``."""
+        """Return the factory, importing it first if it was registered as ``"module:attr"``; an
+        imported factory that cannot be called as unirl calls it (``factory(recipe, options)`` for a
+        backend, ``factory(config, ctx)`` otherwise) is a :class:`PluginContractError` naming it and its
+        signature (a callable one was checked when it was registered)."""
+        from unirl.contract import factory_problem
+
         if callable(self.factory):
             return self.factory
         module_name, _, attr = self.factory.partition(":")
@@ -46,6 +52,10 @@ class Registration:
                 f"(distribution {self.distribution or 'unknown'}) failed to import "
                 f"{self.factory!r}: {type(exc).__name__}: {exc}. Is the framework it needs installed?"
             ) from exc
+        problem = factory_problem(obj, self.kind)
+        if problem is not None:
+            raise PluginContractError(f"{self.kind} {self.name!r} from plugin {self.plugin!r} (distribution "
+                                      f"{self.distribution or 'unknown'}), imported from {self.factory!r}: {problem}.")
         self.factory = obj
         return obj  # type: ignore[no-any-return]  # whatever the plugin's "module:attr" names
 

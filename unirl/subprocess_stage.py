@@ -81,6 +81,61 @@ def missing_on_this_machine(what: str, packages: Iterable[str], *, fix: str) -> 
     return f"mode='trainer' runs {what}; this machine lacks what it needs: {', '.join(missing)}. To fix: {fix}."
 
 
+# ------------------------------------------------------------------------------ dual-mode options
+
+#: ``backend_options.mode`` of a backend that runs both ways: unirl's loop on the framework's code, or its own
+MODES = ("engine", "trainer")
+
+
+def _option(options: Any, key: str, default: Any = None) -> Any:
+    """``options.key`` of a backend's options (its dataclass in ``validate``, a dict in the runner)."""
+    return options.get(key, default) if isinstance(options, Mapping) else getattr(options, key, default)
+
+
+def options_mode(options: Any) -> str:
+    """``BackendSpec.mode`` of a dual-mode backend: its ``backend_options.mode`` (engine or trainer)."""
+    return str(_option(options, "mode", "engine"))
+
+
+def mode_problem(mode: str, *, engine_does: str, trainer_does: str) -> str | None:
+    """For a dual-mode backend's ``validate``: the message refusing a ``backend_options.mode`` other than
+    engine or trainer, saying what each runs on this framework (``engine_does``, ``trainer_does``), or None."""
+    if mode in MODES:
+        return None
+    return (f"mode={mode!r}; allowed: 'engine' ({engine_does}), 'trainer' ({trainer_does}). Set "
+            f"backend_options.mode=engine (the default) or trainer.")
+
+
+def counts_problem(options: Any, keys: Iterable[str]) -> str | None:
+    """For a backend's ``validate``: the message refusing the first of ``keys`` (counts: GPUs, nodes,
+    lengths) below 1, or None."""
+    for key in keys:
+        value = _option(options, key)
+        if value is not None and value < 1:
+            return f"{key}={value}; allowed: an integer >= 1. Set backend_options.{key}=1 or more."
+    return None
+
+
+def trainer_mode_problem(recipe: Any, options: Any, *, framework: str, runs: Mapping[str, str],
+                         needs: Mapping[str, Iterable[str]], setup: str) -> str | None:
+    """For a dual-mode backend's ``validate``, the checks of trainer mode in their order (None in engine
+    mode): :func:`refused_stages` (``runs``: stage type -> the framework's entry point), then, unless
+    ``backend_options.dry_run`` (which writes the files and prints the command on any machine),
+    :func:`missing_on_this_machine` for the packages ``needs`` lists for the recipe's stage types, whose
+    fix names ``setup`` (what installs them, e.g. ``scripts/gpu/verl.sh``)."""
+    if options_mode(options) != "trainer":
+        return None
+    problem = refused_stages(recipe, runs, framework)
+    if problem or _option(options, "dry_run", False):
+        return problem
+    types = list(dict.fromkeys(s.type for s in (recipe.stages if recipe is not None else ()))) or list(runs)
+    packages = [name for t in types for name in needs.get(t, ())]
+    return missing_on_this_machine(" and ".join(dict.fromkeys(runs[t] for t in types)), packages,
+                                   fix=f"run it on a GPU machine with them installed ({setup}), use "
+                                       f"backend_options.mode=engine here, or add backend_options.dry_run=true to "
+                                       f"write the files and print the command")
+
+
 # ------------------------------------------------------------------------------ metric values
 
 
@@ -313,6 +368,16 @@ class StageLaunch:
     collect: Callable[[], None] | None = None
 
 
+class ConsoleMetrics:
+    """Reading a framework's metrics from what its trainer prints or writes (the kit's
+    ``unirl.frameworks.SubprocessStageRunner.Console``): ``tensorboard(dir, prefix=)`` polls its TensorBoard scalars,
+    ``literal(text)`` reads a printed Python dict of numbers, ``number(text)`` one printed number."""
+
+    tensorboard = TensorboardScalars
+    literal = staticmethod(literal_metrics)
+    number = staticmethod(number)
+
+
 class SubprocessStageRunner:
     """A :class:`unirl.protocols.StageRunner` whose stages run as a framework's own command.
 
@@ -321,6 +386,20 @@ class SubprocessStageRunner:
     """
 
     framework = "framework"
+    #: what :meth:`launch` returns
+    Launch = StageLaunch
+    #: reading the framework's metrics (``StageLaunch.poll`` / ``parse_line``)
+    Console = ConsoleMetrics
+    #: for a backend's ``BackendSpec.capabilities`` decision: the stages its framework cannot run
+    refused_stages = staticmethod(refused_stages)
+    #: ... and the packages this machine lacks for them
+    missing_on_this_machine = staticmethod(missing_on_this_machine)
+    #: the dual-mode options of a backend that runs both ways: ``BackendSpec(mode=options_mode)``, the
+    #: mode's value, the counts, and trainer mode's checks in their order (the two above, dry_run)
+    options_mode = staticmethod(options_mode)
+    mode_problem = staticmethod(mode_problem)
+    counts_problem = staticmethod(counts_problem)
+    trainer_mode_problem = staticmethod(trainer_mode_problem)
 
     def __init__(self, ctx: Any, options: Mapping[str, Any] | None = None) -> None:
         self.recipe, self.options = ctx.recipe, dict(options or {})

@@ -11,10 +11,12 @@ from typing import Any
 
 import torch
 
-from unirl.algorithms.aggregation import aggregate_loss
+from unirl.algorithms.advantages import token_level_rewards
+from unirl.algorithms.aggregation import aggregate_loss, step_normaliser
 from unirl.algorithms.kl import kl_estimate
-from unirl.algorithms.policy_loss import clipped_value_loss, policy_loss_matrix
+from unirl.algorithms.policy_loss import clipped_value_loss, policy_loss_matrix, sft_token_loss, token_logprobs
 from unirl.algorithms.preference import dpo_loss, pairwise_reward_loss
+from unirl.config.derived import loss_norm_length
 
 
 def policy_objective(*, logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
@@ -96,3 +98,21 @@ def reward_model_objective(*, r_c: torch.Tensor, r_r: torch.Tensor, n_pairs: flo
     loss = pairwise_reward_loss(r_c, r_r).sum() / n_pairs
     return loss, {"loss/rm": loss.detach(), "rm/accuracy": (r_c > r_r).float().sum() / n_pairs,
                   "rm/margin": (r_c - r_r).detach().sum() / n_pairs}
+
+
+class Objectives:
+    """unirl's reference losses as a backend computing its own forward calls them (the kit's
+    ``unirl.trainers.Objectives``): the per-micro-batch objectives above, the token log-probs and SFT
+    token loss they take, the step-global normaliser of ``loss_agg`` (``step_normaliser``) with its
+    fixed length (``loss_norm_length``), and the token-level rewards of in-reward KL."""
+
+    policy = staticmethod(policy_objective)
+    value = staticmethod(value_objective)
+    sft = staticmethod(sft_objective)
+    dpo = staticmethod(dpo_objective)
+    reward_model = staticmethod(reward_model_objective)
+    token_logprobs = staticmethod(token_logprobs)
+    sft_token_loss = staticmethod(sft_token_loss)
+    step_normaliser = staticmethod(step_normaliser)
+    loss_norm_length = staticmethod(loss_norm_length)
+    token_level_rewards = staticmethod(token_level_rewards)

@@ -4,7 +4,7 @@
 
 Runs the recipe under py-spy (a sampling profiler: the run's own code is not instrumented, so
 the times are the run's), then splits the samples of every rl step by phase (the call
-``unirl.engine.stages.rl_step`` made: ``generate``, ``score``, ``advantages``, ``train``,
+``unirl.engine.steps.rl_step`` made: ``generate``, ``score``, ``advantages``, ``train``,
 ``weight_sync``) and, within a phase, by **owner**: the deepest frame of the backend's framework
 (verl, OpenRLHF, DeepSpeed, Megatron, TRL) in the sample, else the deepest frame of the
 backend's own unirl package, else of unirl's core, else of the model library (transformers) or

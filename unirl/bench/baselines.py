@@ -95,7 +95,7 @@ class PlainLoops:
 
 def plain_parts(recipe: Any) -> tuple[PlainLoops, Any, Any, list[Any]]:
     """The loops, the task (seeded like a run's), the rl stage and the stages before it."""
-    from unirl.components import build_component
+    from unirl.builders import build_component
     from unirl.models.tiny import ensure_base_model
     from unirl.rewards import build_reward
 

@@ -79,7 +79,7 @@ def passes(recipe: Any, stage_type: str) -> float:
         return 3.0 + 1.0  # policy training step and the reference forward, on chosen and rejected
     if stage_type == "rm":
         return 3.0
-    from unirl.engine.stages import score_request
+    from unirl.engine.steps import score_request
 
     request = score_request(recipe)
     algo = recipe.algorithm

@@ -405,7 +405,7 @@ def prepare_directs(recipe: str, loaded: Any, backends: Sequence[str], overrides
                     workdir: Path, result: BenchResult, progress: Any) -> dict[str, tuple[Any, Any]]:
     """Each backend's direct baseline (:mod:`unirl.bench.direct`), prepared once."""
     from unirl.bench import direct
-    from unirl.components import build_backend
+    from unirl.builders import build_backend
     from unirl.config import load_recipe
 
     out = {}

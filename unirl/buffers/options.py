@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from unirl.config.derived import sequences_divisor
+
 #: What a prioritised buffer can rank by, each computed from what the buffer holds.
 PRIORITY_SCORES = ("reward", "reward_std", "length")
 PRIORITY_UNITS = ("group", "sequence")
@@ -61,7 +63,7 @@ class PrioritizedBufferConfig:
                         f"{kept:g}, not a whole number: pick a fraction that keeps a whole number of {cfg.unit}s, "
                         f"or change stages.{i}.batch_size.")
             trained = round(kept) * per_unit
-            if trained % (algo.mini_batches * dp):
+            if trained % sequences_divisor(recipe):
                 return (f"fraction={cfg.fraction} keeps {trained} sequences per step in stages.{i} {stage.name!r}, "
                         f"which algorithm.mini_batches={algo.mini_batches} x parallel.dp={dp} does not divide: "
                         f"pick a fraction or batch_size so that they do.")

@@ -67,3 +67,15 @@ def reward_policy(recipe: Any) -> Any:
     from unirl.config.sections import split_policy
 
     return split_policy(OmegaConf.to_container(recipe.reward, resolve=True))[0]
+
+
+def rows_per_mini_batch(stage: Any, algo: Any) -> int:
+    """The sequences of one optimizer step of an rl stage: ``batch_size x group_size / mini_batches``
+    (recipe validation makes sure ``mini_batches`` divides them)."""
+    return int(stage.batch_size) * int(algo.group_size) // int(algo.mini_batches)
+
+
+def sequences_divisor(recipe: Any) -> int:
+    """What must divide the sequences an rl step trains on: one whole mini-batch for every
+    data-parallel rank (``algorithm.mini_batches x parallel.dp``)."""
+    return int(recipe.algorithm.mini_batches) * int(recipe.parallel.dp)

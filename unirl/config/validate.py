@@ -15,9 +15,11 @@ from omegaconf import errors as oc_errors
 
 from unirl.capabilities import LATER_KNOBS, Support, recipe_knobs
 from unirl.config import choices
+from unirl.config.derived import rows_per_mini_batch
 from unirl.config.parse import flatten, translate_error
 from unirl.config.schema import COMPONENT_SECTIONS, PARALLEL_DIMS, PARALLEL_OPTIONS
 from unirl.errors import CapabilityError, ConfigError, did_you_mean
+from unirl.protocols import ValidatedOptions, ValidationExamples
 
 
 def validate_recipe(cfg: DictConfig, host: Any) -> None:
@@ -186,7 +188,7 @@ def _check_values(cfg: Any) -> None:
                 f"algorithm.mini_batches={a.mini_batches} does not divide stages.{i}.batch_size x "
                 f"algorithm.group_size = {stage.batch_size * a.group_size} sequences; pick a divisor.",
                 key="algorithm.mini_batches", value=a.mini_batches)
-        per_step = stage.batch_size * a.group_size // a.mini_batches if stage.type == "rl" else stage.batch_size
+        per_step = rows_per_mini_batch(stage, a) if stage.type == "rl" else stage.batch_size
         if per_step % dp:
             what = "sequences per optimizer step (batch_size x group_size / mini_batches)" if stage.type == "rl" \
                 else "examples per step (batch_size)"
@@ -275,7 +277,7 @@ def _validate_options(data: dict[str, Any], config_class: type | None, section: 
     try:
         schema.merge_with(data)
     except (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError, oc_errors.ValidationError) as exc:
-        key = getattr(exc, "full_key", None) or ""
+        key = exc.full_key or ""  # every OmegaConf error carries it (None when it names no key)
         raise translate_error(exc, schema, key, flatten(data).get(key), "", prefix=f"{section}.") from None
     result = OmegaConf.to_container(schema)
     from unirl.userfiles import check_path, declared_paths
@@ -283,8 +285,8 @@ def _validate_options(data: dict[str, Any], config_class: type | None, section: 
     for name, kind, fix in declared_paths(config_class):  # every path a section names, before its validate
         if result.get(name):
             check_path(result[name], key=f"{section}.{name}", kind=kind, fix=fix)
-    check = getattr(config_class, "validate", None)
-    if check is not None:
+    if issubclass(config_class, ValidatedOptions):  # the options class's own check, after types and keys
+        check = config_class.validate
         options = config_class(**{f.name: result[f.name] for f in dataclasses.fields(config_class)})
         problem = check(options, recipe) if _takes_recipe(check) else check(options)
         if problem:
@@ -468,7 +470,7 @@ def check_eval(recipe: Any, task_class: type, trainer_mode: bool) -> None:
         raise ConfigError(f"eval.every={ev.every}: evaluation runs on unirl's rollout, and backend {recipe.backend!r} "
                           f"runs in trainer mode (the framework generates). Use an engine-mode backend, or eval.every=0.",
                           key="eval.every", value=ev.every)
-    if not hasattr(task_class, "validation"):
+    if not (isinstance(task_class, type) and issubclass(task_class, ValidationExamples)):
         raise ConfigError(f"eval.every={ev.every}: task {recipe.task.name!r} has no validation examples (a task "
                           f"method validation(limit)). Use task.name=dataset with task.eval_split, or eval.every=0.",
                           key="eval.every", value=ev.every)

@@ -1,5 +1,5 @@
 """What every group of ranks shares, whoever started them (:mod:`unirl.distributed.ranks` spawns
-them, :mod:`unirl.distributed.launch` joins those ``torchrun`` started): a rank's answer to a call,
+them, :mod:`unirl.distributed.torchrun` joins those ``torchrun`` started): a rank's answer to a call,
 the calls' collectives counted over ranks, answers moved to the CPU, a process's peak memory.
 """
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from unirl.distributed import free_port
 from unirl.distributed.calls import CountedRanks, _on_cpu, answer, peak_rss_bytes
-from unirl.distributed.env import init_group
-from unirl.distributed.launch import LaunchedRanks, active
+from unirl.distributed.env import init_group, local_device, rank_environment
+from unirl.distributed.torchrun import LaunchedRanks, active
 from unirl.errors import RunError
 
 
@@ -187,7 +187,7 @@ class SpawnedRanks(CountedRanks):
 
 def start_ranks(factory: Callable[..., Any], *args: Any, world: int, name: str,
                 collectives: bool = False) -> Any:
-    """The trainer's ranks: those a launcher started (``torchrun``; :mod:`unirl.distributed.launch`),
+    """The trainer's ranks: those a launcher started (``torchrun``; :mod:`unirl.distributed.torchrun`),
     else one rank in this process when ``world == 1``, otherwise ``world`` spawned rank processes
     (``collectives``: count each call's collectives, ``profile.collectives``)."""
     if (launch := active()) is not None:
@@ -195,3 +195,15 @@ def start_ranks(factory: Callable[..., Any], *args: Any, world: int, name: str,
     if world == 1:
         return LocalRanks(factory, *args, name=name)
     return SpawnedRanks(factory, *args, world=world, name=name, collectives=collectives)
+
+
+class Ranks:
+    """Trainer ranks in processes of their own (the kit's ``unirl.trainers.Ranks``): ``start(factory,
+    *args, world=, name=)`` starts them, ``environment(rank, world, port)`` is the torch.distributed
+    environment of one (None for a single rank), ``free_port()`` a port for its rendezvous, and
+    ``local_device()`` this process's device (its CUDA device when visible, else the CPU)."""
+
+    start = staticmethod(start_ranks)
+    environment = staticmethod(rank_environment)
+    free_port = staticmethod(free_port)
+    local_device = staticmethod(local_device)

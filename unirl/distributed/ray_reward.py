@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from unirl.distributed.ray_pool import ActorBody, ActorPool
+from unirl.protocols import DeclaredRange
 
 
 class RewardWorker(ActorBody):
@@ -24,13 +25,13 @@ class RewardWorker(ActorBody):
         import torch
         from omegaconf import OmegaConf
 
-        from unirl.components import build_component, worker_context
+        from unirl.builders import build_component, worker_context
         from unirl.rewards.checked import as_batch_fn
 
         torch.set_num_threads(threads)
         cfg = OmegaConf.create(recipe)
         fn = build_component(cfg, "reward", "reward", worker_context(cfg, run_dir, model_path))
-        self.reward_range = getattr(fn, "reward_range", None)
+        self.reward_range = fn.reward_range if isinstance(fn, DeclaredRange) else None
         self.name = getattr(fn, "__qualname__", type(fn).__name__)
         self.fn = as_batch_fn(fn, data_source=str(cfg.task.name))
 

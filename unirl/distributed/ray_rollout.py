@@ -39,7 +39,7 @@ class RolloutWorker(ActorBody):
         import torch
         from omegaconf import OmegaConf
 
-        from unirl.components import build_component
+        from unirl.builders import build_component
         from unirl.models.loading import load_tokenizer
         from unirl.protocols import BuildContext
 

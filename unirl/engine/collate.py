@@ -48,16 +48,9 @@ def text_batch(tokenizer: Any, texts: Sequence[str]) -> SFTBatch:
     return _pad(tokenizer, rows, [[1] * len(r) for r in rows])
 
 
-def require_rejected(examples: Sequence[Example]) -> None:
-    """Preference stages need a dispreferred completion on every example."""
-    missing = [ex.prompt for ex in examples if ex.rejected is None]
-    if missing:
-        raise ValueError(f"preference stages need examples with a rejected completion; {missing[0]!r} has none")
-
-
 def pair_batch(tokenizer: Any, examples: Sequence[Example]) -> PairBatch:
     """Chosen (``completion``) rows, then rejected rows, for the same prompts."""
-    require_rejected(examples)
+    Example.require_rejected(examples)
     rows, masks = _prompt_completion(tokenizer, [(ex.prompt, ex.completion) for ex in examples]
                                      + [(ex.prompt, ex.rejected) for ex in examples])
     return PairBatch(_pad(tokenizer, rows, masks))

@@ -165,3 +165,14 @@ def load_full_optimizer_state(engine: Any, params: list[torch.nn.Parameter], sd:
             safe_set_full_optimizer_state(param, sd["state"][i][key].float(), key)
         if "fp32" in sd["state"][i]:
             safe_set_full_fp32_param(param, sd["state"][i]["fp32"])
+
+
+class DeepSpeedStepper(Stepper):
+    """The DeepSpeed glue of the backend kit (``unirl.trainers.DeepSpeedStepper``): a :class:`Stepper`,
+    with the config and optimizer-state helpers every DeepSpeed-based backend shares."""
+
+    #: unirl dtype name -> DeepSpeed's precision key
+    DTYPE = DS_DTYPE
+    adamw = staticmethod(adamw)
+    full_optimizer_state = staticmethod(full_optimizer_state)
+    load_full_optimizer_state = staticmethod(load_full_optimizer_state)

@@ -20,6 +20,7 @@ from unirl import metrics as M
 from unirl.config.derived import rollout_policy, stage_lr
 from unirl.engine.evaluation import due, evaluate
 from unirl.engine.run_dir import prepare_run_dir
+from unirl.engine.run_state import RunState
 from unirl.errors import ConfigError, PluginLoadError, RunError, UsageError
 from unirl.protocols import StageInputs
 
@@ -28,7 +29,7 @@ def check_stage_data(recipe: Any, run_dir: Path) -> None:
     """What each stage needs of the task's examples, checked on a few examples of a probe task
     (its own instance: the run's data position is untouched): preference stages need a
     rejected completion."""
-    from unirl.components import build_component
+    from unirl.builders import build_component
     from unirl.protocols import BuildContext
 
     pair_stages = [st for st in recipe.stages if st.type in ("dpo", "rm")]
@@ -99,9 +100,9 @@ class Driver:
         the bench's in-process A/B (:mod:`unirl.bench.ab`)."""
         import torch
 
-        from unirl.components import build_backend, build_component
+        from unirl.builders import build_backend, build_component
         from unirl.contract import check_trainer
-        from unirl.engine.stages import Components
+        from unirl.engine.steps import RunParts
         from unirl.models.loading import load_tokenizer
         from unirl.models.tiny import ensure_base_model
         from unirl.protocols import BuildContext
@@ -128,15 +129,11 @@ class Driver:
         queue = None
         if rollout is not None:
             from unirl.engine.pipeline import GenerationQueue
-            from unirl.engine.stages import score_request
+            from unirl.engine.steps import want_rollout_logprobs
 
-            # the sampled tokens' log-probs, for the rows' train-inference mismatch (rollout/logprob_diff_*)
-            # and algorithm.tis_cap: asked for where the trainer scores the old log-probs anyway, and where
-            # the engine holds its own weights (a weight push can go wrong; then at the price of one
-            # scoring forward). An engine sampling with the trainer's own module skips it: same weights.
-            want = score_request(recipe).old_logprobs or not getattr(rollout, "shares_trainer_policy", False)
-            queue = GenerationQueue(rollout, rollout_policy(recipe).max_staleness, want_logprobs=want)
-        self._parts = Components(recipe=recipe, trainer=ctx.trainer, task=build_component(recipe, "task", "task", ctx),
+            queue = GenerationQueue(rollout, rollout_policy(recipe).max_staleness,
+                                    want_logprobs=want_rollout_logprobs(recipe, rollout))
+        self._parts = RunParts(recipe=recipe, trainer=ctx.trainer, task=build_component(recipe, "task", "task", ctx),
                                  reward=build_reward(recipe, ctx, self.host, warn=self._warn_reward), rollout=rollout,
                                  buffer=None if self.trainer_mode else build_component(recipe, "buffer", "buffer", ctx),
                                  math=math, queue=queue)
@@ -145,7 +142,7 @@ class Driver:
     def _rollout(self, ctx: Any) -> Any:
         """The recipe's rollout engine in this process, or (``distributed.ray.enabled``) a pool of
         ``rollout.workers`` Ray actors each running it (:mod:`unirl.distributed.ray_rollout`)."""
-        from unirl.components import build_component
+        from unirl.builders import build_component
 
         if not self.recipe.distributed.ray.enabled:
             engine = build_component(self.recipe, "rollout", "rollout", ctx)
@@ -163,34 +160,32 @@ class Driver:
 
         self.console.print(f"[yellow]reward:[/] {escape(message)}", highlight=False)
 
-    def _reward_failures(self, state: dict[str, Any]) -> int:
+    def _reward_failures(self, state: RunState) -> int:
         """Add the reward's failures since the last call to the run's totals; return their number."""
         from unirl.protocols import FailureLog
 
         reward = self._parts.reward if self._parts is not None else None
-        new = reward.take_failures() if isinstance(reward, FailureLog) else {}
-        totals = state.setdefault("reward_failures", {})
-        for kind, count in new.items():
-            totals[kind] = totals.get(kind, 0) + count
-        return sum(new.values())
+        return state.add_reward_failures(reward.take_failures() if isinstance(reward, FailureLog) else {})
 
-    def _restore(self, parts: Any, path: Path, ckpt: dict[str, Any]) -> dict[str, Any]:
+    def _restore(self, parts: Any, path: Path, ckpt: dict[str, Any]) -> RunState:
         from unirl.checkpoint import set_torch_rng_state
 
         parts.trainer.load_state_dict(ckpt["trainer"])
         if parts.buffer is not None:
             parts.buffer.load_state_dict(ckpt["buffer"])
         set_torch_rng_state(ckpt["rng"])
-        state = ckpt["state"]
-        parts.task.load_state_dict(state["task"])
+        saved = dict(ckpt["state"])
+        parts.task.load_state_dict(saved.pop("task"))
+        rollout_state = saved.pop("rollout", {})
         if parts.rollout is not None:
-            parts.rollout.load_state_dict(state["rollout"])
+            parts.rollout.load_state_dict(rollout_state)
+        state = RunState.from_json(saved)
         if parts.queue is not None and ckpt.get("pending") is not None:
             parts.queue.load_state_dict(ckpt["pending"])
-        self.console.print(f"resuming from {path} (global step {state['global_step']})", highlight=False)
+        self.console.print(f"resuming from {path} (global step {state.global_step})", highlight=False)
         return state
 
-    def _stages(self, parts: Any, state: dict[str, Any], writer: M.MetricsWriter, checkpoint: Any) -> str:
+    def _stages(self, parts: Any, state: RunState, writer: M.MetricsWriter, checkpoint: Any) -> str:
         """Run the remaining steps; return ``"completed"``, ``"stopped"`` (``run.stop_after``) or
         ``"interrupted"`` (SIGTERM / Ctrl-C, after checkpointing the step just finished).
 
@@ -199,21 +194,21 @@ class Driver:
         :meth:`_after_step`, so metrics, progress, checkpoints and stopping behave the same.
         A stage runner that only prepared the stage (a dry run) ends the run as ``"dry_run"``.
         """
-        from unirl.engine.stages import STEP_FUNCTIONS, StepSkipped
+        from unirl.engine.steps import STEP_FUNCTIONS, StepSkipped
         from unirl.progress import StageProgress
 
         recipe = self.recipe
         trainer_mode = self.trainer_mode
-        while state["stage_index"] < len(recipe.stages):
-            stage = self.current_stage = recipe.stages[state["stage_index"]]
-            if state["stage_step"] == 0:
+        while state.stage_index < len(recipe.stages):
+            stage = self.current_stage = recipe.stages[state.stage_index]
+            if state.stage_step == 0:
                 parts.trainer.begin_stage(stage.type)
             if stage.type == "rl" and not trainer_mode:
                 # a rollout engine with its own copy of the policy starts each stage (and a
                 # resumed one) from the trainer's weights: earlier stages or the checkpoint changed them
                 parts.trainer.sync_weights(parts.rollout)
             lr = stage_lr(stage, recipe.trainer)
-            bar = StageProgress(self.console, stage.name, stage.steps, state["stage_step"], recipe.run.log_every)
+            bar = StageProgress(self.console, stage.name, stage.steps, state.stage_step, recipe.run.log_every)
             outcome: list[str] = []
             try:
                 if trainer_mode:
@@ -224,33 +219,33 @@ class Driver:
                         return result is not None  # True: the framework's loop must stop now
 
                     inputs = StageInputs(task=parts.task, reward=parts.reward)
-                    ran = parts.trainer.run_stage(stage, lr, parts=inputs, start_step=state["stage_step"],
+                    ran = parts.trainer.run_stage(stage, lr, parts=inputs, start_step=state.stage_step,
                                                   on_step=on_step)
                     if ran == "dry_run" and not outcome:
                         return "dry_run"
                     if not outcome:
                         raise RunError(f"stage {stage.name!r}: the {recipe.backend} trainer returned after step "
-                                       f"{state['stage_step']} of {stage.steps} without finishing the stage")
+                                       f"{state.stage_step} of {stage.steps} without finishing the stage")
                 else:
                     while not outcome:
-                        parts.steps_left = stage.steps - state["stage_step"]
-                        self._profiler.before(state["global_step"] + 1)
+                        parts.steps_left = stage.steps - state.stage_step
+                        self._profiler.before(state.global_step + 1)
                         before = self._step_snapshot(parts)
                         try:
                             row = STEP_FUNCTIONS[stage.type](parts, stage, lr)
                         except (FloatingPointError, StepSkipped) as exc:  # weights and optimizer untouched
-                            self._profiler.after(state["global_step"] + 1)
+                            self._profiler.after(state.global_step + 1)
                             self._skip_step(stage, state, exc)
                             continue
                         except Exception:
                             self._checkpoint_completed(parts, state, before, checkpoint)
                             raise
-                        state["nonfinite_in_a_row"] = 0
-                        if state.get("nonfinite_skipped"):
-                            row[M.SKIPPED_NONFINITE] = float(state["nonfinite_skipped"])
-                        if state.get("reward_skipped"):
-                            row[M.SKIPPED_REWARD] = float(state["reward_skipped"])
-                        self._profiler.after(state["global_step"] + 1)
+                        state.nonfinite_in_a_row = 0
+                        if state.nonfinite_skipped:
+                            row[M.SKIPPED_NONFINITE] = float(state.nonfinite_skipped)
+                        if state.reward_skipped:
+                            row[M.SKIPPED_REWARD] = float(state.reward_skipped)
+                        self._profiler.after(state.global_step + 1)
                         result = self._after_step(stage, row, state, writer, bar, checkpoint)
                         if result is not None:
                             outcome.append(result)
@@ -273,14 +268,14 @@ class Driver:
                 "buffer": parts.buffer.state_dict() if parts.buffer is not None else None,
                 "queue": parts.queue.snapshot() if parts.queue is not None else None}
 
-    def _checkpoint_completed(self, parts: Any, state: dict[str, Any], before: dict[str, Any], checkpoint: Any) -> None:
+    def _checkpoint_completed(self, parts: Any, state: RunState, before: dict[str, Any], checkpoint: Any) -> None:
         """A step failed (a Ray worker pool that could not be repaired, a reward, the rollout) before it
         changed the trainer: the run's state goes back to the end of the previous step, and that
         step is checkpointed unless it already was, so ``resume=auto`` loses nothing and resumes
         bit-exact. A failure inside the trainer's update leaves it half-changed: nothing is written."""
         import torch
 
-        if parts.trainer_touched or state["global_step"] == self._last_checkpoint:
+        if parts.trainer_touched or state.global_step == self._last_checkpoint:
             return
         parts.task.load_state_dict(before["task"])
         torch.set_rng_state(before["rng"])
@@ -297,47 +292,47 @@ class Driver:
             self.console.print(f"[yellow]the failed step's previous state could not be checkpointed:[/] "
                                f"{type(exc).__name__}: {exc}", highlight=False)
             return
-        self._last_checkpoint = state["global_step"]
-        self.console.print(f"checkpoint written at global step {state['global_step']} (the last completed step): "
+        self._last_checkpoint = state.global_step
+        self.console.print(f"checkpoint written at global step {state.global_step} (the last completed step): "
                            f"{path}", highlight=False)
 
-    def _skip_step(self, stage: Any, state: dict[str, Any], exc: Exception) -> None:
+    def _skip_step(self, stage: Any, state: RunState, exc: Exception) -> None:
         """A step with a non-finite loss or gradient (FloatingPointError), or whose every group's
         reward failed under ``reward.on_error=skip_group`` (StepSkipped): skipped and counted;
         more than ``run.max_nonfinite_in_a_row`` skipped steps in a row stop the run."""
         nonfinite = isinstance(exc, FloatingPointError)
-        counter = "nonfinite_skipped" if nonfinite else "reward_skipped"
-        state[counter] = state.get(counter, 0) + 1
-        state["nonfinite_in_a_row"] = state.get("nonfinite_in_a_row", 0) + 1
+        of_kind = state.skip(nonfinite)
         limit = self.recipe.run.max_nonfinite_in_a_row
-        where = f"stage {stage.name!r} step {state['stage_step'] + 1}"
-        if state["nonfinite_in_a_row"] > limit:
+        where = f"stage {stage.name!r} step {state.stage_step + 1}"
+        if state.nonfinite_in_a_row > limit:
             cause = ("had a non-finite loss or gradient" if nonfinite else
                      "had no group whose reward succeeded")
             fix = ("Lower the learning rate (or check the data and reward)" if nonfinite else
                    "Fix the reward function (the first failure of each kind is printed above)")
-            raise RunError(f"{state['nonfinite_in_a_row']} steps in a row were skipped (the last {cause}, at {where}: "
+            raise RunError(f"{state.nonfinite_in_a_row} steps in a row were skipped (the last {cause}, at {where}: "
                            f"{exc}); run.max_nonfinite_in_a_row={limit}. The weights are those of the last good "
                            f"step. {fix}, then continue with resume=auto.")
-        self.console.print(f"[yellow]skipped[/] {where}: {exc} ({state['nonfinite_in_a_row']} in a row, "
-                           f"{state[counter]} in all)", highlight=False)
+        self.console.print(f"[yellow]skipped[/] {where}: {exc} ({state.nonfinite_in_a_row} in a row, "
+                           f"{of_kind} in all)", highlight=False)
 
-    def _after_step(self, stage: Any, row: dict[str, float], state: dict[str, Any], writer: M.MetricsWriter,
+    def _after_step(self, stage: Any, row: dict[str, float], state: RunState, writer: M.MetricsWriter,
                     bar: Any, checkpoint: Any) -> str | None:
         """Record one finished step; return None to go on, ``"next_stage"`` at the stage's end,
         or ``"stopped"`` / ``"interrupted"`` / ``"completed"`` to end the run here."""
+        from unirl.engine.steps import reward_on_error
+
         recipe = self.recipe
         failed = self._reward_failures(state)
-        if stage.type == "rl" and getattr(getattr(self._parts.reward, "policy", None), "on_error", "fail") != "fail":
+        if stage.type == "rl" and reward_on_error(self._parts.reward) != "fail":
             row[M.REWARD_FAILED] = float(failed)
-        state["stage_step"] += 1
-        state["global_step"] += 1
-        last = state["stage_step"] == stage.steps and state["stage_index"] == len(recipe.stages) - 1
-        if not self.trainer_mode and due(recipe, state["global_step"], last):
+        state.stage_step += 1
+        state.global_step += 1
+        last = state.stage_step == stage.steps and state.stage_index == len(recipe.stages) - 1
+        if not self.trainer_mode and due(recipe, state.global_step, last):
             t0 = time.perf_counter()
             if self._validation is None:
                 self._validation = self._parts.task.validation(recipe.eval.size)
-            row.update(evaluate(self._parts, recipe, self._validation, state["global_step"]))
+            row.update(evaluate(self._parts, recipe, self._validation, state.global_step))
             row[M.TIME_EVAL] = time.perf_counter() - t0
         if self._checkpoint_s is not None:  # the checkpoint written after the previous step
             row[M.TIME_CHECKPOINT], self._checkpoint_s = self._checkpoint_s, None
@@ -345,29 +340,29 @@ class Driver:
         gpu_peak = M.gpu_peak_memory_bytes()
         if gpu_peak is not None:
             row[M.GPU_MEMORY_PEAK] = gpu_peak
-        full = {"stage": stage.name, "stage_type": stage.type, "step": state["stage_step"],
-                "global_step": state["global_step"], **row}
+        full = {"stage": stage.name, "stage_type": stage.type, "step": state.stage_step,
+                "global_step": state.global_step, **row}
         writer.write(full)
         for logger in self._loggers:
-            logger.log(dict(full), state["global_step"])
-        self.host.hook.unirl_step_end(stage=stage.name, step=state["stage_step"], metrics=dict(full))
-        bar.update(state["stage_step"], full)
-        stage_done = state["stage_step"] == stage.steps
+            logger.log(dict(full), state.global_step)
+        self.host.hook.unirl_step_end(stage=stage.name, step=state.stage_step, metrics=dict(full))
+        bar.update(state.stage_step, full)
+        stage_done = state.stage_step == stage.steps
         if stage_done:
-            state["stage_index"] += 1
-            state["stage_step"] = 0
-        finished = stage_done and state["stage_index"] == len(recipe.stages)
+            state.stage_index += 1
+            state.stage_step = 0
+        finished = stage_done and state.stage_index == len(recipe.stages)
         stop_after, every = recipe.run.stop_after, recipe.checkpoint.every
-        stopping = bool(stop_after) and state["global_step"] >= stop_after and not finished
+        stopping = bool(stop_after) and state.global_step >= stop_after and not finished
         signalled = self._signal is not None and not finished
-        if stage_done or stopping or signalled or (every and state["global_step"] % every == 0):
+        if stage_done or stopping or signalled or (every and state.global_step % every == 0):
             t0 = time.perf_counter()
             checkpoint()
-            self._last_checkpoint = state["global_step"]
+            self._last_checkpoint = state.global_step
             self._checkpoint_s = time.perf_counter() - t0
         if signalled:
             self.console.print(f"{self._signal}: checkpoint written at global step "
-                               f"{state['global_step']}; continue with resume=auto", highlight=False)
+                               f"{state.global_step}; continue with resume=auto", highlight=False)
             return "interrupted"
         if stopping:
             return "stopped"
@@ -438,7 +433,7 @@ class Driver:
         self.host.hook.unirl_run_start(recipe=recipe, run_dir=str(run_dir))
         random.seed(recipe.seed)
         torch.manual_seed(recipe.seed)
-        state = {"stage_index": 0, "stage_step": 0, "global_step": 0, "metrics_lines": 0}
+        state = RunState()
         status, exported, writer, t_start = "failed", {}, None, time.perf_counter()
         self.current_stage = None
         self._last_checkpoint = 0
@@ -451,17 +446,18 @@ class Driver:
             if resume_from is not None:
                 state = self._restore(parts, resume_from, loaded)
                 restored = True
-                self._last_checkpoint = state["global_step"]
-            writer = M.MetricsWriter(run_dir / "metrics.jsonl", keep_lines=state["metrics_lines"])
+                self._last_checkpoint = state.global_step
+            writer = M.MetricsWriter(run_dir / "metrics.jsonl", keep_lines=state.metrics_lines)
             from unirl.loggers import build_loggers
 
-            self._loggers = build_loggers(recipe, str(run_dir), state["global_step"])
+            self._loggers = build_loggers(recipe, str(run_dir), state.global_step)
 
             def checkpoint() -> Path:
                 writer.sync()  # the rows the checkpoint counts are on disk before it is
-                snapshot = {**state, "metrics_lines": writer.lines, "task": parts.task.state_dict(),
+                state.metrics_lines = writer.lines
+                snapshot = {**state.to_json(), "task": parts.task.state_dict(),
                             "rollout": parts.rollout.state_dict() if parts.rollout is not None else {}}
-                return save_checkpoint(run_dir, global_step=state["global_step"],
+                return save_checkpoint(run_dir, global_step=state.global_step,
                                        trainer_state=parts.trainer.state_dict(), state=snapshot,
                                        buffer_state=parts.buffer.state_dict() if parts.buffer is not None else {},
                                        keep=recipe.checkpoint.keep,
@@ -479,10 +475,10 @@ class Driver:
             stage = self.current_stage
             if stage is None:
                 raise
-            raise RunError(f"run failed at stage {stage.name!r} step {state['stage_step'] + 1}: {exc}") from exc
+            raise RunError(f"run failed at stage {stage.name!r} step {state.stage_step + 1}: {exc}") from exc
         except Exception as exc:
             stage = self.current_stage
-            where = f"stage {stage.name!r} step {state['stage_step'] + 1}" if stage is not None else "start-up"
+            where = f"stage {stage.name!r} step {state.stage_step + 1}" if stage is not None else "start-up"
             raise RunError(f"run failed at {where}: {type(exc).__name__}: {exc}. Metrics and checkpoints so far are "
                            f"in {str(run_dir)!r}; continue with resume=auto once fixed.") from exc
         finally:
@@ -499,11 +495,11 @@ class Driver:
                         part.close()
             if self._ray is not None:
                 self._ray.close()
-            summary = {"status": status, "global_step": state["global_step"], "stage_index": state["stage_index"],
-                       "stage_step": state["stage_step"], "wall_s": round(time.perf_counter() - t_start, 3),
-                       "skipped_nonfinite": state.get("nonfinite_skipped", 0),
-                       "skipped_reward": state.get("reward_skipped", 0),
-                       "reward_failures": state.get("reward_failures", {}),
+            summary = {"status": status, "global_step": state.global_step, "stage_index": state.stage_index,
+                       "stage_step": state.stage_step, "wall_s": round(time.perf_counter() - t_start, 3),
+                       "skipped_nonfinite": state.nonfinite_skipped,
+                       "skipped_reward": state.reward_skipped,
+                       "reward_failures": dict(state.reward_failures),
                        "skipped_checkpoints": self.skipped_checkpoints,
                        "exported": exported,
                        "deviations": [{"key": d.key, "asked": d.asked, "used": d.used, "where": d.where}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from unirl.protocols import CountedCalls
+from unirl.protocols import CountedCalls, ExampleRollout
 
 REWARD_MEAN, PASS, EXAMPLES = "eval/reward_mean", "eval/pass_at_{k}", "eval/examples"
 
@@ -40,7 +40,7 @@ def evaluate(parts: Any, recipe: Any, examples: list[Any], global_step: int) -> 
     position = parts.rollout.state_dict()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(recipe.seed * 1_000_003 + global_step)
-        if hasattr(parts.rollout, "generate_examples"):  # multi-turn: episodes of the recipe's environment
+        if isinstance(parts.rollout, ExampleRollout):  # multi-turn: episodes of the recipe's environment
             rollout = parts.rollout.generate_examples(examples, params)
         else:
             rollout = parts.rollout.generate([ex.prompt for ex in examples], params)

@@ -26,6 +26,7 @@ import torch
 
 from unirl import metrics as M
 from unirl.batch import RolloutBatch
+from unirl.protocols import CountsSequences, ExampleRollout, GenerationPool
 
 
 @dataclass
@@ -55,11 +56,10 @@ class GenerationQueue:
     def _request(self, task: Any, prompts: int, group_size: int, immediate: bool) -> None:
         examples = task.sample(prompts)
         params = self._params(group_size)
-        submit = getattr(self.rollout, "submit", None)
         request = _Request(examples=examples, version=self.version, group_size=group_size)
-        if submit is not None:  # a pool: the calls run in other processes while this one trains
-            request.ticket = submit([ex.prompt for ex in examples], params, immediate=immediate)
-        elif hasattr(self.rollout, "generate_examples"):  # multi-turn: environments start from the examples
+        if isinstance(self.rollout, GenerationPool):  # a pool: the calls run in other processes while this one trains
+            request.ticket = self.rollout.submit([ex.prompt for ex in examples], params, immediate=immediate)
+        elif isinstance(self.rollout, ExampleRollout):  # multi-turn: environments start from the examples
             request.batch = self.rollout.generate_examples(examples, params)
         else:  # in process: generated now, with the current policy
             request.batch = self.rollout.generate([ex.prompt for ex in examples], params)
@@ -87,9 +87,8 @@ class GenerationQueue:
                 self._request(task, prompts, group_size, immediate=ahead == 1)
             request = self._requests.popleft()
             batch = self._collect(request)
-            count = getattr(self.rollout, "count_sequences", None)
-            if count is not None:
-                count(len(batch))
+            if isinstance(self.rollout, CountsSequences):
+                self.rollout.count_sequences(len(batch))
             if self.version - request.version <= self.max_staleness:
                 return batch
             self._dropped += len(batch)

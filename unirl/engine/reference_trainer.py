@@ -53,6 +53,8 @@ class ReferenceTrainer:
     #: the update of a batch trained once reports the train-inference gap from its own forward
     #: (``rollout/logprob_diff_*``), so the driver scores no behaviour log-probs for it
     reports_logprob_diff = True
+    #: ``rollout/logprob_diff_*`` of one micro-batch (a trainer computing its own forward reports them too)
+    logprob_gap = staticmethod(logprob_gap)
 
     def __init__(self, ctx: BuildContext) -> None:
         self.recipe = ctx.recipe

@@ -55,3 +55,13 @@ def run_mini_batches(batch: Any, plan: UpdatePlan, policy_step: Callable[[Any, f
         for key, v in stats.items():
             sums[key] = sums.get(key, 0.0) + v
     return {k: v / plan.optimizer_steps for k, v in sums.items()}
+
+
+class MiniBatches:
+    """Every epoch and mini-batch of an rl update (the kit's ``unirl.trainers.MiniBatches``): ``run``
+    steps them all through one callable per mini-batch; a trainer looping itself takes ``select``
+    (one mini-batch of the rows at ``index``) and ``require_fields`` (the batch has what ``plan`` updates)."""
+
+    run = staticmethod(run_mini_batches)
+    select = staticmethod(mini_batch)
+    require_fields = staticmethod(require_update_fields)

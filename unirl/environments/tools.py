@@ -35,6 +35,9 @@ class ToolEnvironment:
     """Tools as functions, calls in Hermes format, the answer scored by :meth:`score` (0 here)."""
 
     stop: list[str] = ["</tool_call>"]
+    #: for a subclass calling tools of its own: a call bounded in time, and what it raises past the bound
+    call_with_timeout = staticmethod(call_with_timeout)
+    Timeout = CallTimeout
 
     def __init__(self, tools: Sequence[Callable[..., Any]], timeout_s: float = 10.0) -> None:
         self.functions = {fn.__name__: fn for fn in tools}

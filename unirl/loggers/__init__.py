@@ -16,7 +16,7 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
 
 def build_loggers(recipe: Any, run_dir: str, start_step: int) -> list[Any]:
     """The recipe's loggers, built and checked against :class:`unirl.protocols.MetricsLogger`."""
-    from unirl.components import make_plugin
+    from unirl.builders import make_plugin
     from unirl.protocols import BuildContext
 
     ctx = BuildContext(recipe=recipe, run_dir=run_dir, model_path="", start_step=start_step)

@@ -25,6 +25,13 @@ from unirl.models.weights import WeightSync
 EXPORT_FOLDERS = (("policy", "model"), ("critic", "critic"), ("reward_model", "reward_model"))
 
 
+def grad_norm(params: list[torch.Tensor], clip: float | None) -> torch.Tensor:
+    """The global L2 norm of the gradients before clipping; clipped to ``clip`` in place when set."""
+    if clip is not None:
+        return torch.nn.utils.clip_grad_norm_(params, clip)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params]))
+
+
 class ModelSet:
     """The models of a trainer (policy, reference, critic, reward model) and what steps them.
 
@@ -37,6 +44,8 @@ class ModelSet:
     :meth:`full_state` on that device; a checkpoint loads them onto the CPU first."""
 
     rank, world = 0, 1
+    #: the global gradient norm before clipping (clipped in place when ``clip`` is set)
+    grad_norm = staticmethod(grad_norm)
 
     def __init__(self, recipe: Any, model_path: str, tokenizer: Any,
                  make_stepper: Callable[[torch.nn.Module, float], Any]) -> None:
@@ -223,10 +232,3 @@ class ModelSet:
         take part in gathering it)."""
         model = self.unsharded(name)
         return model if self.writes else None
-
-
-def grad_norm(params: list[torch.Tensor], clip: float | None) -> torch.Tensor:
-    """The global L2 norm of the gradients before clipping; clipped to ``clip`` in place when set."""
-    if clip is not None:
-        return torch.nn.utils.clip_grad_norm_(params, clip)
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params]))

@@ -12,9 +12,10 @@ adapter alone goes to ``adapter/`` (PEFT's ``save_pretrained``, loadable with
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch loads when a model is wrapped: the recipe checks (Lora.*_problem) run without it
+    import torch
 
 
 def lora_section(recipe: Any) -> Any | None:
@@ -40,6 +41,7 @@ def wrap(model: torch.nn.Module, section: Any, seed: int | None = None) -> torch
     ``torch.manual_seed(seed)`` and the run's own random stream is left as it was: every backend and
     layout starts from the same adapters (a rank process or a framework's engine would otherwise
     draw from wherever its generator stands)."""
+    import torch
     from peft import get_peft_model
 
     if seed is None:
@@ -74,3 +76,45 @@ def plain_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def save_adapter(model: torch.nn.Module, path: str) -> None:
     model.save_pretrained(path)
+
+
+class Lora:
+    """LoRA adapters as every backend uses them (the kit's ``unirl.trainers.Lora``): ``section(recipe)``
+    (``model.lora``, or None when off), ``config(section)`` (a peft ``LoraConfig``), ``wrap(model, section,
+    seed)`` (the seeded adapters every backend starts from), ``adapter_state(state)`` (the adapters alone,
+    what checkpoints hold), ``merged(model)`` (the weights rollouts take) and ``save_adapter(model, path)``.
+
+    The LoRA rules a framework backend's ``validate`` shares (each passing its own framework's reason):
+    ``trainer_mode_problem(recipe, mode, why=, engine_does=)`` refuses adapters where the framework's own
+    trainer runs, ``integer_alpha_problem(recipe, key=, source=)`` a fractional alpha the framework reads as
+    an integer. Both read the recipe only, without torch."""
+
+    section = staticmethod(lora_section)
+    config = staticmethod(lora_config)
+    wrap = staticmethod(wrap)
+    adapter_state = staticmethod(adapter_state)
+    merged = staticmethod(merged)
+    save_adapter = staticmethod(save_adapter)
+
+    @staticmethod
+    def trainer_mode_problem(recipe: Any, mode: str, *, why: str, engine_does: str) -> str | None:
+        """The message refusing ``model.lora`` when ``mode`` (``backend_options.mode``) is ``trainer``, where
+        the framework's own trainer would take the adapters (``why``: what it does with them, with its source),
+        or None (LoRA off, or engine mode). ``engine_does``: what engine mode does instead, named in the fix."""
+        section = lora_section(recipe) if recipe is not None else None
+        if section is None or mode != "trainer":
+            return None
+        return (f"model.lora.rank={section.get('rank')} with backend_options.mode=trainer: {why}. Use "
+                f"backend_options.mode=engine ({engine_does}) or model.lora.rank=0.")
+
+    @staticmethod
+    def integer_alpha_problem(recipe: Any, *, key: str, source: str) -> str | None:
+        """The message refusing a fractional ``model.lora.alpha`` that the framework reads as an integer
+        (``key``: its option, e.g. ``"OpenRLHF's --ds.lora.alpha"``; ``source``: where it says so, file:line),
+        naming the rounded value to set; None when LoRA is off or alpha is whole."""
+        section = lora_section(recipe) if recipe is not None else None
+        alpha = section.get("alpha") if section is not None else None
+        if alpha is None or float(alpha) == int(float(alpha)):
+            return None
+        return (f"model.lora.alpha={alpha}: {key} is an integer ({source}). Set model.lora.alpha="
+                f"{round(float(alpha))} or another integer.")

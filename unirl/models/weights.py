@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from unirl import metrics as M
+from unirl.protocols import shares_trainer_policy
 
 
 class WeightSync:
@@ -24,7 +25,7 @@ class WeightSync:
 
     def sync(self, rollout: Any, full_weights: Callable[[], Mapping[str, Any]]) -> dict[str, float]:
         """Push ``full_weights()`` to ``rollout`` if it needs them; the bytes sent."""
-        if getattr(rollout, "shares_trainer_policy", False) or self._held.get(id(rollout)) == self.version:
+        if shares_trainer_policy(rollout) or self._held.get(id(rollout)) == self.version:
             return {M.WEIGHT_SYNC_BYTES: 0.0}
         weights = full_weights()
         rollout.load_weights(weights)

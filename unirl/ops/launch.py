@@ -4,7 +4,7 @@ it is to run, written (and started where it can be).
 - ``local``: ``unirl run`` here.
 - ``slurm``: ``OUT/job.sbatch``: one task per node, ``srun torchrun`` with a c10d rendezvous on the first
   node over the recipe's layout (``parallel.dp x tp x pp`` ranks split evenly over ``--nodes``; unirl's
-  launched mode, :mod:`unirl.distributed.launch`), ``resume=auto`` and ``--requeue`` so a preempted job
+  launched mode, :mod:`unirl.distributed.torchrun`), ``resume=auto`` and ``--requeue`` so a preempted job
   continues. ``sbatch OUT/job.sbatch`` submits it.
 - ``k8s``: ``OUT/rayjob.yaml``: a KubeRay ``RayJob`` whose head pod holds the trainer's ranks (its GPUs)
   and whose worker pods (``--nodes`` - 1) serve the run's Ray rollout and reward workers; the entrypoint

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from unirl.errors import ConfigError
-from unirl.ops.rundir import flat, recipe
-from unirl.ops.rundir import rows as read_rows
+from unirl.ops.run_records import flat, recipe
+from unirl.ops.run_records import rows as read_rows
 
 #: plot -> the metric keys drawn on it (the keys a run has; a plot with none is left out)
 PLOTS: dict[str, tuple[str, ...]] = {

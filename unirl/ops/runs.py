@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from unirl.errors import ConfigError
-from unirl.ops.rundir import flat, recipe
-from unirl.ops.rundir import rows as read_rows
+from unirl.ops.run_records import flat, recipe
+from unirl.ops.run_records import rows as read_rows
 
 #: metrics shown for each run: the last value of each in its rows
 METRICS = ("reward/mean", "loss/total", "loss/lm", "loss/dpo", "eval/pass_at_1")

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from unirl.errors import ConfigError, did_you_mean
+from unirl.protocols import DeclaredRange
 from unirl.rewards.checked import VERL_PARAMS, CheckedReward, _is_verl_style, as_batch_fn, reward_name
 from unirl.rewards.policy import RewardPolicy
 
@@ -38,7 +39,7 @@ def adapt_reward_fn(fn: Callable[..., Any], *, data_source: str = "unirl", polic
                     warn: Callable[[str], None] | None = None) -> CheckedReward:
     """``fn`` (TRL or verl style) as a checked TRL-style batch reward under ``policy``
     (default: ``on_error=fail``, in this process)."""
-    return CheckedReward(as_batch_fn(fn, data_source), reward_name(fn), getattr(fn, "reward_range", None),
+    return CheckedReward(as_batch_fn(fn, data_source), reward_name(fn), fn.reward_range if isinstance(fn, DeclaredRange) else None,
                          policy, warn)
 
 
@@ -46,7 +47,7 @@ def build_reward(recipe: Any, ctx: Any = None, host: Any = None,
                  warn: Callable[[str], None] | None = None) -> CheckedReward:
     """The recipe's reward, checked, under its ``on_error`` policy, in this process or (with
     ``reward.isolation=process``) in a worker process (:mod:`unirl.rewards.isolation`)."""
-    from unirl.components import build_component
+    from unirl.builders import build_component
     from unirl.config.derived import reward_policy
 
     policy = reward_policy(recipe)

@@ -59,7 +59,7 @@ class CombinedReward:
     """``sum(weight_i * reward_i)`` per completion."""
 
     def __init__(self, config: CombinedRewardConfig, ctx: Any = None) -> None:
-        from unirl.components import make_plugin
+        from unirl.builders import make_plugin
         from unirl.rewards.checked import as_batch_fn
 
         data_source = str(ctx.recipe.task.name) if ctx is not None and getattr(ctx, "recipe", None) else "unirl"

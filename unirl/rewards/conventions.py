@@ -28,6 +28,8 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from unirl.protocols import DeclaredRange
+
 #: the field a conversational prompt's messages reach rewards in (set by the dataset task)
 PROMPT_MESSAGES = "prompt_messages"
 OPENRLHF_PARAMS = ("queries", "prompts", "labels")
@@ -58,7 +60,7 @@ class _Convention:
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
-        self.reward_range = getattr(fn, "reward_range", None)
+        self.reward_range = fn.reward_range if isinstance(fn, DeclaredRange) else None
         self.__qualname__ = getattr(fn, "__qualname__", type(fn).__name__)
         self.__name__ = getattr(fn, "__name__", self.__qualname__)
         self.__wrapped__ = fn

@@ -72,7 +72,7 @@ def _worker(conn: Any, recipe_data: dict[str, Any], memory_mb: int, model_path: 
     try:
         from omegaconf import OmegaConf
 
-        from unirl.components import build_component, worker_context
+        from unirl.builders import build_component, worker_context
         from unirl.rewards.checked import as_batch_fn, reward_name
 
         recipe = OmegaConf.create(recipe_data)

@@ -29,7 +29,16 @@ from unirl import metrics as M
 from unirl.batch import RolloutBatch
 from unirl.environments.calls import call_with_timeout
 from unirl.errors import RunError
-from unirl.protocols import Closeable, CountedCalls, Example, SamplingParams, StepResult, TokenGenerator
+from unirl.protocols import (
+    Closeable,
+    CountedCalls,
+    Example,
+    SamplingParams,
+    StepResult,
+    TokenGenerator,
+    TurnStops,
+    shares_trainer_policy,
+)
 
 
 @dataclass
@@ -120,7 +129,7 @@ class MultiTurnRollout:
                            f"rollout.name=hf_generate or vllm.")
         self.engine, self.make_env, self.policy, self.tokenizer = engine, make_env, policy, tokenizer
         self.seed = int(seed)
-        self.shares_trainer_policy = bool(getattr(engine, "shares_trainer_policy", False))
+        self.shares_trainer_policy = shares_trainer_policy(engine)
         self._next_group = 0
         self._counts: dict[str, float] = {}
         self._episodes = 0
@@ -188,7 +197,7 @@ class MultiTurnRollout:
 
     def _turn(self, active: list[Episode], params: SamplingParams, turn: int, last: bool) -> None:
         budget = self.policy.max_total_tokens
-        stops = list(dict.fromkeys([*params.stop, *(s for ep in active for s in getattr(ep.env, "stop", []))]))
+        stops = list(dict.fromkeys([*params.stop, *(s for ep in active for s in (ep.env.stop if isinstance(ep.env, TurnStops) else []))]))
         room = max(budget - len(ep.response_ids) for ep in active)
         turn_params = replace(params, n=1, stop=stops, max_new_tokens=min(params.max_new_tokens, room))
         seeds = [episode_seed(self.seed, ep.group, ep.sample, turn) for ep in active]
@@ -317,3 +326,17 @@ def build_multi_turn(recipe: Any, engine: Any, ctx: Any, host: Any = None) -> Mu
     """The recipe's engine wrapped to run episodes of ``recipe.environment`` (one environment per episode)."""
     make_env, policy = environment_factory(recipe, ctx, host)
     return MultiTurnRollout(engine, make_env, policy, ctx.tokenizer, recipe.seed, name=str(recipe.rollout.name))
+
+
+class Episodes:
+    """unirl's multi-turn episode for a framework's own agent loop (the kit's ``unirl.frameworks.Episodes``):
+    ``parts(recipe_path)`` is (recipe, environment factory, policy, reward), ``Episode(...)`` one episode,
+    ``call(episode, policy, fn, *args)`` one environment call under the recipe's failure policy,
+    ``seed(seed, group, sample)`` the episode's seed, and ``environment_factory(recipe)`` the environment
+    maker with its policy."""
+
+    Episode = Episode
+    parts = staticmethod(recipe_episode_parts)
+    call = staticmethod(call_environment)
+    seed = staticmethod(episode_seed)
+    environment_factory = staticmethod(environment_factory)

@@ -77,6 +77,9 @@ class VLLMRollout:
     """A vLLM engine in its own process, holding its own copy of the policy (weights pushed)."""
 
     shares_trainer_policy = False
+    #: the script the worker process runs (under the vLLM environment's Python, ``python -P SCRIPT
+    #: ADDRESS``). Tests set it (on the class) to a worker with a fault in it, ``tests/faults/``.
+    worker_script: Path = WORKER
 
     def __init__(self, config: Any, ctx: BuildContext) -> None:
         python, problem = find_python(config.python)
@@ -120,7 +123,7 @@ class VLLMRollout:
         self._log.parent.mkdir(parents=True, exist_ok=True)
         with open(self._log, "ab") as log:  # the worker keeps its own descriptor
             # -P: the worker's folder (unirl/rollouts) must not shadow the vllm package on sys.path
-            self._proc = subprocess.Popen([python, "-P", str(WORKER), address], env=env, stdout=log,
+            self._proc = subprocess.Popen([python, "-P", str(self.worker_script), address], env=env, stdout=log,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + self.config.startup_timeout_s
         while True:

@@ -35,9 +35,9 @@ def _repack_tied_output_layer(model: Any) -> bool:
     ``lm_head``, so an in-place reload loads nothing into it and puts its old kernel tensors back
     (``vllm/model_executor/model_loader/reload/layerwise.py:266``, "ParallelLMHead: Failed to load
     weights"): the engine then samples from the OLD output layer. Re-tie and re-pack it.
-    ``tests/test_vllm_rollout.py`` removes this fix (``UNIRL_TEST_VLLM_NO_REPACK=1``) and shows the
-    rollout conformance check failing, so it fails when vLLM no longer needs it too. Returns True when
-    it re-packed."""
+    ``tests/test_vllm_rollout.py`` removes this fix (its worker ``tests/faults/vllm_worker_no_repack.py``)
+    and shows the rollout conformance check failing, so it fails when vLLM no longer needs it too.
+    Returns True when it re-packed."""
     lm_head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
     if lm_head is None or embed is None or not getattr(model.config, "tie_word_embeddings", False):
         return False
@@ -104,6 +104,11 @@ class Worker:
                                  SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)
         return [[float(d[t].logprob) for t, d in zip(s[1:], o.prompt_logprobs[1:])] for s, o in zip(sequences, outs)]
 
+    def _reload(self, weights: dict[str, Any]) -> None:
+        """Load ``weights`` into the engine's model in place. (``tests/faults/vllm_worker_skip_reload.py``
+        makes this do nothing: the silent no-op sync :meth:`load_weights` must refuse.)"""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+
     def load_weights(self, version: int, verify: str, path: str | None = None,
                      handles: dict[str, Any] | None = None) -> dict[str, Any]:
         """A push: ``path``, a safetensors file on shared memory (removed once read), or ``handles``,
@@ -127,11 +132,8 @@ class Worker:
                        for name, t in weights.items())
 
         differs = bool(self.llm.apply_model(differs_from)[0])
-        if os.environ.get("UNIRL_TEST_VLLM_SKIP_RELOAD") != "1":  # tests: a sync that silently does nothing
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
-        repacked = False
-        if os.environ.get("UNIRL_TEST_VLLM_NO_REPACK") != "1":
-            repacked = bool(self.llm.apply_model(_repack_tied_output_layer)[0])
+        self._reload(weights)
+        repacked = bool(self.llm.apply_model(_repack_tied_output_layer)[0])
         self.llm.reset_prefix_cache()
         self.version = version
         probe = self._prompt_logprobs([self.probe])[0]

@@ -2,7 +2,7 @@
 recipe's ``task.chat_template``), so every backend trains on the same text and token ids.
 
 A backend never applies a template itself: TRL and OpenRLHF receive the rendered text as a plain
-prompt, and verl's trainer mode gets the identity template (backends/unirl-verl/unirl_backends/verl/launch.py).
+prompt, and verl's trainer mode gets the identity template (backends/unirl-verl/unirl_backends/verl/stage_command.py).
 The rendering is transformers' ``apply_chat_template(..., tokenize=False,
 add_generation_prompt=True)``, what TRL (trl/data_utils.py ``apply_chat_template``), verl
 (verl/utils/tokenizer ``apply_chat_template``) and OpenRLHF (``--data.apply_chat_template``) do.

@@ -100,6 +100,6 @@ class KitContext:
         return load_recipe(None, [*base, *overrides], host=self.host)
 
     def backend_object(self, recipe: Any) -> Any:
-        from unirl.components import build_backend
+        from unirl.builders import build_backend
 
         return build_backend(recipe, self.host)

@@ -80,12 +80,12 @@ def play_episodes(recipe: Any, workdir: Any, n_examples: int = 4, host: Any = No
     with the recipe's rollout, as a run builds them. Returns (batch, the rollout)."""
     import torch
 
-    from unirl.components import build_component
+    from unirl.builders import build_component
     from unirl.models.loading import load_tokenizer
     from unirl.models.tiny import ensure_base_model
     from unirl.protocols import BuildContext
     from unirl.rollouts.multi_turn import build_multi_turn
-    from unirl.testing.components import make_component
+    from unirl.testing.component_checks import make_component
 
     class _Console:
         def print(self, *args: Any, **kwargs: Any) -> None:
@@ -113,7 +113,7 @@ def run_environment_checks(name: str, options: dict[str, Any] | None = None, *, 
 
     from unirl.config import load_recipe
     from unirl.plugin_manager import get_plugin_host
-    from unirl.testing.components import _as_result, check_runs_and_resumes
+    from unirl.testing.component_checks import _as_result, check_runs_and_resumes
     from unirl.testing.context import KitContext
 
     host = host or get_plugin_host()

@@ -6,6 +6,7 @@ from functools import partial
 
 from unirl.capabilities import Support, recipe_knobs
 from unirl.errors import CapabilityError, ConfigError
+from unirl.protocols import ConfigTranslator
 from unirl.testing.context import KitContext
 from unirl.testing.knobs import all_knob_values, overrides_for, shown
 from unirl.testing.results import Case, CheckResult
@@ -30,7 +31,7 @@ def check_translate(ctx: KitContext, key: str, value: object) -> CheckResult:
         raise
     try:
         backend = ctx.backend_object(recipe)
-        if not (hasattr(backend, "translate") and hasattr(backend, "read_back")):
+        if not isinstance(backend, ConfigTranslator):
             return CheckResult(name, "L0", "failed", knobs, reason="the backend has no translate()/read_back(); "
                                "a backend must show how each knob it claims lands in its framework's config")
         native = backend.translate(recipe)
@@ -47,7 +48,8 @@ def check_translate(ctx: KitContext, key: str, value: object) -> CheckResult:
     if missing or extra:
         return CheckResult(name, "L0", "failed", knobs, reason=_mismatch(
             ("did not read back:", missing), ("read back knobs the recipe does not set:", extra)))
-    importer = getattr(ctx.registration.spec, "importer", None) if ctx.registration is not None else None
+    spec = ctx.registration.spec if ctx.registration is not None else None  # a BackendSpec, or None
+    importer = spec.importer if spec is not None else None
     if importer is None:
         return CheckResult(name, "L0", "passed", knobs, reason=f"{len(expected)} knobs read back, none more")
     try:

@@ -8,6 +8,16 @@ from typing import Any
 
 from unirl.capabilities import ON, Support
 from unirl.config import choices
+from unirl.protocols import (
+    MathAdvantages,
+    MathAggregate,
+    MathDPOLoss,
+    MathKL,
+    MathOverlongPenalty,
+    MathPolicyLoss,
+    MathValueLoss,
+    PolicyLossNames,
+)
 from unirl.testing.context import KitContext
 from unirl.testing.knobs import VARIANT_AGG, shown
 from unirl.testing.results import BOUNDS, Case, CheckResult, compare
@@ -118,8 +128,15 @@ def _variant_spec(ctx: KitContext, t: dict[str, Any], variant: str) -> tuple[dic
     return knobs, _policy_grad(make_algo(ctx, policy_loss=variant, loss_agg=agg, clip_low=clip_low), t)
 
 
-# Each entry: check name, gating knob, value, math method, and a builder (ctx, tensors) ->
-# (knobs shown, call(math) -> tensor).
+#: the protocol a math adapter answers when it has the method a check calls (each is optional for a
+#: trainer-mode framework's adapter: a claimed knob whose method is absent fails, or is skipped when emulated)
+METHOD_PROTOCOLS: dict[str, type] = {
+    "aggregate": MathAggregate, "advantages": MathAdvantages, "kl": MathKL, "policy_loss": MathPolicyLoss,
+    "value_loss": MathValueLoss, "dpo_loss": MathDPOLoss, "overlong_penalty": MathOverlongPenalty,
+}
+
+# Each entry: check name, gating knob, value, math method (a key of METHOD_PROTOCOLS), and a builder
+# (ctx, tensors) -> (knobs shown, call(math) -> tensor).
 Builder = Callable[[KitContext, dict[str, Any]], tuple[dict[str, Any], Callable[[Any], Any]]]
 
 
@@ -198,13 +215,14 @@ def _check(ctx: KitContext, name: str, key: str, value: Any, method: str, build:
     knobs.update({f"algorithm.{k}": f"{v} (fixed by the framework)" for k, v in ctx.fixed_algorithm().items()
                   if k in _FIXED_SHOWN.get(name, ())})
     math = _math(ctx)
-    if (math is None or not hasattr(math, method)) and ctx.support(key, value) is Support.EMULATED:
+    offered = math is not None and isinstance(math, METHOD_PROTOCOLS[method])
+    if not offered and ctx.support(key, value) is Support.EMULATED:
         return CheckResult(name, "L1", "skipped", knobs, reason=f"emulated: unirl's reference computes {key} around "
                            f"the framework, which has no function of its own to compare")
-    if math is None or not hasattr(math, method):
+    if not offered:
         what = "no math() adapter" if math is None else f"a math adapter without {method}()"
         return CheckResult(name, "L1", "failed", knobs, reason=f"the backend claims {key}={shown(value)} but has {what}")
-    names = getattr(math, "policy_loss_names", None)
+    names = math.policy_loss_names if isinstance(math, PolicyLossNames) else None
     if key == "algorithm.policy_loss" and names and value in names:
         knobs["as"] = names[value]  # the framework's own name for the value
     try:

@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any
 
 from unirl.config import choices
+from unirl.protocols import FixedBatchSteps
 from unirl.testing.context import KitContext
 from unirl.testing.results import BOUNDS, Case, CheckResult, compare
 
@@ -62,7 +63,7 @@ def _rl_batch(tokenizer: Any, model: Any, algo: Any) -> Any:
     batch.advantages, _ = compute_advantages(algo, scores=batch.rewards, mask=mask, group_index=batch.group_index)
     # the rollout engine's log-probs (drawn last: the tensors above stay as they were)
     batch.rollout_logprobs = (logp0 + 0.5 * torch.randn(logp0.shape, generator=g)) * mask
-    if algo.get("tis_cap") is not None:  # as the driver's rl step adds them (unirl.engine.stages.rl_step)
+    if algo.get("tis_cap") is not None:  # as the driver's rl step adds them (unirl.engine.steps.rl_step)
         from unirl.algorithms.policy_loss import truncated_is_weights
 
         batch.is_weights = truncated_is_weights(batch.old_logprobs, batch.rollout_logprobs, mask, algo.tis_cap)
@@ -154,7 +155,7 @@ def fixed_step(trainer: Any, stage_type: str, batch: Any, lr: float, *, critic: 
 
     from unirl.protocols import UpdatePlan
 
-    if hasattr(trainer, "fixed_step"):
+    if isinstance(trainer, FixedBatchSteps):  # a stage runner's own step on a given batch
         return trainer.fixed_step(stage_type, batch, lr)
     if stage_type == "rl":
         return trainer.update(batch, UpdatePlan(lr=lr, orders=(torch.arange(len(batch)),), critic=critic,

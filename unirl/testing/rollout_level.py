@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from unirl.protocols import Closeable
 from unirl.testing.results import CheckResult
 
 LEVEL = "rollout"
@@ -97,7 +98,7 @@ class RolloutKit:
                                   *extra], host=self.host)
 
     def build(self, name: str | None = None, trainer: Any = None, extra: Sequence[str] = ()) -> Any:
-        from unirl.components import build_component
+        from unirl.builders import build_component
         from unirl.protocols import BuildContext
 
         recipe = self.recipe(name, extra)
@@ -112,9 +113,8 @@ class RolloutKit:
         return self._engine
 
     def close(self) -> None:
-        close = getattr(self._engine, "close", None)
-        if close is not None:
-            close()
+        if isinstance(self._engine, Closeable):  # an engine holding processes (vLLM); None: never built
+            self._engine.close()
 
 
 # ----------------------------------------------------------------------------------- the checks

@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from unirl.testing import components as C
-from unirl.testing.components import make_component
+from unirl.testing import component_checks as C
+from unirl.testing.component_checks import make_component
 from unirl.testing.context import KitContext
 from unirl.testing.runner import level_cases
 
@@ -39,7 +39,7 @@ def _run(case: Any, kit: KitContext) -> None:
         pytest.fail(result.describe(), pytrace=False)
 
 
-def _params(level: str) -> Any:
+def _params(level: str) -> pytest.MarkDecorator:
     cases = level_cases(level)
     return pytest.mark.parametrize("case", cases, ids=[c.id for c in cases])
 
@@ -92,7 +92,7 @@ class _RunsInARecipe:
     run_overrides: ClassVar[list[str]] = []  # extra recipe keys, e.g. a task that supplies what a reward reads
 
     def _name(self) -> str:
-        return getattr(self, self.kind)
+        return str(getattr(self, self.kind))
 
     @pytest.mark.slow
     def test_runs_and_resumes_in_a_recipe(self, tmp_path: Any) -> None:
@@ -196,7 +196,7 @@ class RolloutBackendTests:
         import torch
 
         from unirl.models.loading import load_tokenizer
-        from unirl.protocols import BuildContext
+        from unirl.protocols import BuildContext, EngineTrainer
 
         kit = KitContext(self.backend, workdir=tmp_path_factory.mktemp("rollout"))
         recipe = kit.recipe([f"rollout.name={self.rollout}", "stages=[{name: s, type: rl, steps: 1}]",
@@ -220,7 +220,7 @@ class RolloutBackendTests:
             assert (mask[:n] == 1).all() and (mask[n:] == 0).all(), "the response mask is one contiguous run"
             if n < len(mask):
                 assert int(row[n - 1]) == tok.eos_token_id, "a response shorter than max_new_tokens ends at EOS"
-        if hasattr(ctx.trainer, "sync_weights"):  # must not fail; same-process engines may share the module
+        if isinstance(ctx.trainer, EngineTrainer):  # must not fail; same-process engines may share the module
             ctx.trainer.sync_weights(engine)
 
 

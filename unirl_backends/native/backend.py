@@ -31,6 +31,6 @@ class NativeBackend:
 
     def math(self) -> Any:
         """The math the native trainer runs is the reference itself."""
-        from unirl.algorithms.reference import ReferenceMath
+        from unirl.trainers import ReferenceMath
 
         return ReferenceMath()

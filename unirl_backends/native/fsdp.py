@@ -24,11 +24,8 @@ from typing import Any
 
 import torch
 
-from unirl.engine.ranked import RankedTrainer
-from unirl.engine.reference_trainer import ReferenceTrainer
-from unirl.models.lifecycle import ModelSet
-from unirl.models.loading import load_tokenizer
 from unirl.protocols import BuildContext
+from unirl.trainers import HFModels, ModelSet, RankedTrainer, ReferenceTrainer
 
 
 def _full(everywhere: bool = True) -> Any:
@@ -108,7 +105,7 @@ class NativeRank(ReferenceTrainer):
 
     def __init__(self, recipe: Any, model_path: str) -> None:
         self.recipe, self.model_path = recipe, model_path
-        self.tokenizer = load_tokenizer(model_path)
+        self.tokenizer = HFModels.load_tokenizer(model_path)
         torch.manual_seed(recipe.seed)
         self.models = ShardedModelSet(recipe, model_path, self.tokenizer, self.make_optimizer)
 

@@ -14,7 +14,7 @@ CAPABILITIES = Capabilities(knobs=all_values(), parallel={"dp": None})
 @hookimpl
 def unirl_register_backends(register):
     register(BackendSpec(name="native", backend="unirl_backends.native.backend:NativeBackend",
-                         options=None, capabilities=CAPABILITIES, mode="engine",
+                         options=None, capabilities=CAPABILITIES, mode="engine", contract=4,
                          description="pure PyTorch trainer (AdamW), reference algorithms; the embedded default"))
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from unirl.engine.reference_trainer import ReferenceTrainer
+from unirl.trainers import ReferenceTrainer
 
 
 class NativeTrainer(ReferenceTrainer):

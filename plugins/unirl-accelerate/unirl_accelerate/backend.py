@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from unirl.algorithms.reference import ReferenceMath
-from unirl.engine.reference_trainer import ReferenceTrainer
 from unirl.protocols import BuildContext
+from unirl.trainers import ReferenceMath, ReferenceTrainer
 from unirl_accelerate.plugin import AccelerateOptions
 
 

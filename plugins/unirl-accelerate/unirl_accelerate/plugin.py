@@ -38,5 +38,5 @@ class AccelerateOptions:
 @hookimpl
 def unirl_register_backends(register):
     register(BackendSpec(name="accelerate", backend="unirl_accelerate.backend:AccelerateBackend",
-                         options=AccelerateOptions, capabilities=CAPABILITIES, mode="engine",
+                         options=AccelerateOptions, capabilities=CAPABILITIES, mode="engine", contract=4,
                          description="Hugging Face Accelerate steps the models; unirl's reference losses (example plugin)"))

@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 from unirl.protocols import Example
-from unirl.tasks.rng import rng_state, set_rng_state
+from unirl.tasks.rng import RngState
 
 
 class ReverseDigitsTask:
@@ -24,7 +24,7 @@ class ReverseDigitsTask:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return rng_state(self._rng)  # JSON: unirl stores it in every checkpoint
+        return RngState.of(self._rng)  # JSON: unirl stores it in every checkpoint
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_rng_state(self._rng, state)
+        RngState.restore(self._rng, state)

@@ -18,7 +18,7 @@ class DeepSpeedBackend:
         self.recipe = recipe
 
     def build_trainer(self, ctx: BuildContext) -> Any:
-        from unirl.engine.ranked import RankedTrainer
+        from unirl.trainers import RankedTrainer
         from unirl_backends.deepspeed.rank import make_rank
 
         # its ranks' update is ReferenceTrainer's: it measures the train-inference gap itself
@@ -26,6 +26,6 @@ class DeepSpeedBackend:
 
     def math(self) -> Any:
         """Advantages and the reward KL: unirl's reference functions (DeepSpeed has no RL math)."""
-        from unirl.algorithms.reference import ReferenceMath
+        from unirl.trainers import ReferenceMath
 
         return ReferenceMath()

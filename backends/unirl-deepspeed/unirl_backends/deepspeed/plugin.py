@@ -19,5 +19,5 @@ CAPABILITIES = Capabilities(knobs=all_values(),
 @hookimpl
 def unirl_register_backends(register):
     register(BackendSpec(name="deepspeed", backend="unirl_backends.deepspeed.backend:DeepSpeedBackend",
-                         options=None, capabilities=CAPABILITIES, mode="engine",
+                         options=None, capabilities=CAPABILITIES, mode="engine", contract=4,
                          description="DeepSpeed engines (ZeRO 0-3, CPU offload) on parallel.dp ranks; unirl's reference losses"))

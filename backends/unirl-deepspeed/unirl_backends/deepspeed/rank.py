@@ -24,10 +24,7 @@ from typing import Any
 
 import torch
 
-from unirl.engine.deepspeed import DS_DTYPE, Stepper, adamw, full_optimizer_state, load_full_optimizer_state
-from unirl.engine.reference_trainer import ReferenceTrainer
-from unirl.models.lifecycle import ModelSet
-from unirl.models.loading import load_tokenizer
+from unirl.trainers import DeepSpeedStepper, HFModels, ModelSet, ReferenceTrainer
 
 
 def ds_config(recipe: Any, lr: float, world: int) -> dict[str, Any]:
@@ -39,10 +36,10 @@ def ds_config(recipe: Any, lr: float, world: int) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": "cpu"}
     if p.offload == "all":
         zero["offload_param"] = {"device": "cpu"}
-    dtype = DS_DTYPE[recipe.model.dtype]
+    dtype = DeepSpeedStepper.DTYPE[recipe.model.dtype]
     return {"train_micro_batch_size_per_gpu": t.micro_batch_size, "train_batch_size": t.micro_batch_size * world,
             "gradient_clipping": float(t.grad_clip) if t.grad_clip is not None else 0.0,
-            "zero_optimization": zero, "optimizer": adamw(recipe, lr),
+            "zero_optimization": zero, "optimizer": DeepSpeedStepper.adamw(recipe, lr),
             "bf16": {"enabled": dtype == "bf16"}, "fp16": {"enabled": dtype == "fp16"},
             "steps_per_print": 10**9, "wall_clock_breakdown": False}
 
@@ -120,8 +117,8 @@ class DeepSpeedRank(ReferenceTrainer):
     def __init__(self, recipe: Any, model_path: str) -> None:
         join_deepspeed()
         self.recipe, self.model_path = recipe, model_path
-        self.tokenizer = load_tokenizer(model_path)
-        self.steps: dict[str, Stepper] = {}
+        self.tokenizer = HFModels.load_tokenizer(model_path)
+        self.steps: dict[str, DeepSpeedStepper] = {}
         torch.manual_seed(recipe.seed)
         self.models = ZeroModelSet(recipe, model_path, self.tokenizer, self.make_optimizer)
 
@@ -147,7 +144,7 @@ class DeepSpeedRank(ReferenceTrainer):
         """The rank's share of the step's loss, times the world size (DeepSpeed averages over ranks)."""
         step = self.steps.get(name)
         if step is None:
-            step = self.steps[name] = Stepper(self.models.steppers[name], self.models.last_count, mean=False,
+            step = self.steps[name] = DeepSpeedStepper(self.models.steppers[name], self.models.last_count, mean=False,
                                               scale=float(self.models.world))
         step.backward(loss)
 
@@ -161,10 +158,10 @@ class DeepSpeedRank(ReferenceTrainer):
 
     def optimizer_state(self, name: str) -> dict[str, Any]:
         """Model ``name``'s optimizer as torch's AdamW holds it in one process (collective)."""
-        return full_optimizer_state(self.models.steppers[name], self._trained_params(name), self.recipe.model.dtype)
+        return DeepSpeedStepper.full_optimizer_state(self.models.steppers[name], self._trained_params(name), self.recipe.model.dtype)
 
     def load_optimizer_state(self, name: str, sd: dict[str, Any]) -> None:
-        load_full_optimizer_state(self.models.steppers[name], self._trained_params(name), sd)
+        DeepSpeedStepper.load_full_optimizer_state(self.models.steppers[name], self._trained_params(name), sd)
 
 
 def _world() -> int:

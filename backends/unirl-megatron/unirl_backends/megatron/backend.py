@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from unirl.engine.ranked import RankedTrainer
 from unirl.protocols import BuildContext
+from unirl.trainers import RankedTrainer
 
 if TYPE_CHECKING:
     import torch
@@ -38,14 +38,13 @@ class MegatronTrainer(RankedTrainer):
 
     def _new_heads(self, stage_type: str) -> dict[str, dict[str, torch.Tensor]]:
         """The HF head (``score.*``) of each scorer the stage creates, in the reference's order."""
-        from unirl.config.derived import stage_needs
-        from unirl.models.loading import load_scorer
+        from unirl.trainers import HFModels, Recipe
 
-        needs = stage_needs(self.recipe, stage_type)
+        needs = Recipe.stage_needs(self.recipe, stage_type)
         heads = {}
         for name, per_token, needed in (("critic", True, needs.critic), ("reward_model", False, needs.reward_model)):
             if needed and name not in self._scorers:
-                scorer = load_scorer(self.model_path, self.recipe.model.dtype, per_token=per_token,
+                scorer = HFModels.load_scorer(self.model_path, self.recipe.model.dtype, per_token=per_token,
                                      pad_token_id=self.tokenizer.pad_token_id)
                 prefix = scorer.base_model_prefix + "."
                 heads[name] = {k: v.detach().clone() for k, v in scorer.state_dict().items()
@@ -79,6 +78,6 @@ class MegatronBackend:
 
     def math(self) -> Any:
         """Advantages, KL and losses are unirl's reference functions (Megatron-core has no RL math)."""
-        from unirl.algorithms.reference import ReferenceMath
+        from unirl.trainers import ReferenceMath
 
         return ReferenceMath()

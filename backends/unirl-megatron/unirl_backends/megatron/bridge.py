@@ -149,14 +149,14 @@ def build_model(bridge: Any) -> torch.nn.Module:
     """This pipeline stage's GPTModel (random init; :meth:`load_state` fills it); a scorer bridge's
     with its scalar head."""
     from megatron.core import parallel_state as ps
-    from unirl.distributed.env import local_device
+    from unirl.trainers import Ranks
 
     callbacks: list[Callable[..., None]] = getattr(bridge, "post_creation", [])
     model = bridge._model_provider(callbacks)(pre_process=ps.is_pipeline_first_stage(),
                                               post_process=ps.is_pipeline_last_stage())
     # built on the CPU (use_cpu_initialization), then on the rank's GPU where there is one (as
     # Megatron-LM's training.get_model does before wrapping it in DDP)
-    return model.to(local_device())
+    return model.to(Ranks.local_device())
 
 
 def export_state(bridge: Any, model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from unirl.models.lifecycle import ModelSet
+from unirl.trainers import ModelSet
 from unirl_backends.megatron.bridge import build_model, export_state, make_scorer_bridge
 
 #: the scalar-head models, and whether each scores every token (the critic) or the sequence

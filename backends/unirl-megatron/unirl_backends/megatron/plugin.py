@@ -20,5 +20,5 @@ CAPABILITIES = Capabilities(knobs={**all_values(), "trainer.max_tokens_per_micro
 @hookimpl
 def unirl_register_backends(register):
     register(BackendSpec(name="megatron", backend="unirl_backends.megatron.backend:MegatronBackend",
-                         options=None, capabilities=CAPABILITIES, mode="engine",
+                         options=None, capabilities=CAPABILITIES, mode="engine", contract=4,
                          description="Megatron-core GPTModel: tensor / pipeline / data parallel, reference losses"))

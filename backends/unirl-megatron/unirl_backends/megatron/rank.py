@@ -25,15 +25,10 @@ from typing import Any
 
 import torch
 
-from unirl.algorithms.aggregation import step_normaliser
-from unirl.algorithms.objectives import dpo_objective, reward_model_objective, sft_objective, value_objective
-from unirl.algorithms.policy_loss import sft_token_loss, token_logprobs
-from unirl.config.derived import loss_norm_length
-from unirl.engine.reference_trainer import ReferenceTrainer, logprob_gap
 from unirl.errors import ConfigError
 from unirl.metrics import ROLLOUT_LOGPROB_DIFF_MAX
-from unirl.models.loading import load_tokenizer
 from unirl.protocols import ScoreRequest, Scores
+from unirl.trainers import HFModels, Objectives, Recipe, ReferenceTrainer
 from unirl_backends.megatron.bridge import export_state, make_bridge
 from unirl_backends.megatron.models import SCORERS, MegatronModelSet, last_tokens, unwrap
 
@@ -62,7 +57,7 @@ class MegatronRank(ReferenceTrainer):
                               f"needs Megatron's Float16Module, which this backend does not wire. Set "
                               f"model.dtype=float32.", key="model.dtype", value=recipe.model.dtype)
         self.recipe, self.model_path = recipe, model_path
-        self.tokenizer = load_tokenizer(model_path)
+        self.tokenizer = HFModels.load_tokenizer(model_path)
         p = recipe.parallel
         # NOTE: the one-rank layout runs in the driver's process, whose generator draws the rollouts:
         # Megatron's seeding (random.py:422 reseeds the CPU generator here) and GPTModel's random
@@ -164,7 +159,7 @@ class MegatronRank(ReferenceTrainer):
         parts = self.models.micro_batches(len(batch))
 
         def loss_fn(logits: torch.Tensor, k: int) -> Any:
-            loss = sft_objective(nll=sft_token_loss(logits, batch.input_ids[parts[k]]), mask=mask[parts[k]],
+            loss = Objectives.sft(nll=Objectives.sft_token_loss(logits, batch.input_ids[parts[k]]), mask=mask[parts[k]],
                                  n_tokens=n_tokens)
             return loss, {"loss/lm": loss.detach()}
 
@@ -172,7 +167,7 @@ class MegatronRank(ReferenceTrainer):
         return self._row(kept, {"grad/norm": self._finish_step("policy", lr), "lr": lr, "tokens/trained": n_tokens})
 
     def _seq_sums(self, logits: torch.Tensor, seqs: Any, rows: list[int]) -> torch.Tensor:
-        return (token_logprobs(logits, seqs.input_ids[rows]) * seqs.loss_mask[rows, 1:].float()).sum(-1)
+        return (Objectives.token_logprobs(logits, seqs.input_ids[rows]) * seqs.loss_mask[rows, 1:].float()).sum(-1)
 
     def _dpo_step(self, pairs: Any, lr: float) -> dict[str, float] | None:
         n, seqs = len(pairs), pairs.sequences
@@ -184,7 +179,7 @@ class MegatronRank(ReferenceTrainer):
         def loss_fn(logits: torch.Tensor, k: int) -> Any:
             half, ref = len(parts[k]) // 2, refs[k]["sums"]
             pi = self._seq_sums(logits, seqs, parts[k])
-            loss, stats = dpo_objective(pi_c=pi[:half], pi_r=pi[half:], ref_c=ref[:half], ref_r=ref[half:],
+            loss, stats = Objectives.dpo(pi_c=pi[:half], pi_r=pi[half:], ref_c=ref[:half], ref_r=ref[half:],
                                         algo=self.recipe.algorithm, n_pairs=float(n))
             return loss, {key: float(v) for key, v in stats.items()}
 
@@ -196,7 +191,7 @@ class MegatronRank(ReferenceTrainer):
         parts = self.models.micro_batches(len(batch))
         kept = self._schedule(name, batch.input_ids, batch.attention_mask, parts,
                               lambda logits, k: (logits.sum() * 0,
-                                                 {"logp": token_logprobs(logits, batch.input_ids[parts[k]])}),
+                                                 {"logp": Objectives.token_logprobs(logits, batch.input_ids[parts[k]])}),
                               forward_only=True)
         return torch.cat([k["logp"] for k in kept]) if self.reporter else None
 
@@ -210,7 +205,7 @@ class MegatronRank(ReferenceTrainer):
         def loss_fn(out: torch.Tensor, k: int) -> Any:
             rows, half = parts[k], len(parts[k]) // 2
             scores = out[torch.arange(len(rows), device=out.device), last[rows], 0]
-            loss, stats = reward_model_objective(r_c=scores[:half], r_r=scores[half:], n_pairs=float(n))
+            loss, stats = Objectives.reward_model(r_c=scores[:half], r_r=scores[half:], n_pairs=float(n))
             return loss, {key: float(v) for key, v in stats.items()}
 
         kept = self._schedule("reward_model", seqs.input_ids, seqs.attention_mask, parts, loss_fn, forward_only=False)
@@ -231,7 +226,7 @@ class MegatronRank(ReferenceTrainer):
 
         def loss_fn(out: torch.Tensor, k: int) -> Any:
             sl = parts[k]
-            loss, stats = value_objective(values=out[:, :-1, 0].float(), old_values=batch.values[sl],
+            loss, stats = Objectives.value(values=out[:, :-1, 0].float(), old_values=batch.values[sl],
                                           returns=batch.returns[sl], mask=mask[sl], clip=algo.value_clip,
                                           n_tokens=n_tokens)
             return loss, {key: float(v) for key, v in stats.items()}
@@ -245,7 +240,7 @@ class MegatronRank(ReferenceTrainer):
 
     def _policy_step(self, batch: Any, lr: float) -> dict[str, float] | None:
         mask = batch.response_mask[:, 1:].float()
-        normaliser = step_normaliser(mask, self.recipe.algorithm.loss_agg, norm_length=loss_norm_length(self.recipe))
+        normaliser = Objectives.step_normaliser(mask, self.recipe.algorithm.loss_agg, norm_length=Recipe.loss_norm_length(self.recipe))
         n_tokens = float(mask.sum().clamp(min=1))
         parts = self.models.micro_batches(len(batch))
 
@@ -255,7 +250,7 @@ class MegatronRank(ReferenceTrainer):
             loss, stats = self._policy_loss(logits, batch, parts[k], mask, normaliser, n_tokens)
             out = {key: float(v) for key, v in stats.items()}
             if gap:
-                out.update(logprob_gap(batch, parts[k], logits, mask, n_tokens))
+                out.update(ReferenceTrainer.logprob_gap(batch, parts[k], logits, mask, n_tokens))
             return loss, out
 
         kept = self._schedule("policy", batch.input_ids, batch.attention_mask, parts, loss_fn, forward_only=False)
@@ -263,9 +258,9 @@ class MegatronRank(ReferenceTrainer):
 
     def update(self, batch: Any, plan: Any) -> dict[str, float] | None:
         from unirl.batch import on_device
-        from unirl.engine.update import run_mini_batches
+        from unirl.trainers import MiniBatches
 
-        out = run_mini_batches(on_device(batch, self.models.device), plan, lambda mb, lr: self._policy_step(mb, lr) or {},
+        out = MiniBatches.run(on_device(batch, self.models.device), plan, lambda mb, lr: self._policy_step(mb, lr) or {},
                                lambda mb, lr: self._critic_step(mb, lr) or {})
         return out if self.reporter else None
 

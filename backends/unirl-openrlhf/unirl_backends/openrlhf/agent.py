@@ -21,8 +21,8 @@ from copy import deepcopy
 from typing import Any
 
 from openrlhf.utils.agent import AgentExecutorBase
+from unirl.frameworks import Episodes
 from unirl.protocols import Example
-from unirl.rollouts.multi_turn import recipe_episode_parts
 
 _episodes = itertools.count()
 
@@ -54,20 +54,18 @@ class UnirlAgentExecutor(AgentExecutorBase):
     recipe_path = ""
 
     def __init__(self) -> None:
-        self.recipe, self.make_env, self.policy, self.reward = recipe_episode_parts(self.recipe_path)
+        self.recipe, self.make_env, self.policy, self.reward = Episodes.parts(self.recipe_path)
 
     async def execute(self, prompt: str, label: Any, sampling_params: Any, max_length: int, hf_tokenizer: Any,
                       llm_engine: Any, images: Any = None) -> dict[str, Any]:
-        from unirl.rollouts.multi_turn import Episode, call_environment, episode_seed
-
         example = Example(prompt=prompt, answer=str(label), completion="")
         sample = next(_episodes)
-        ep = Episode(example=example, group=sample, sample=0, env=self.make_env(), prompt_ids=[])
+        ep = Episodes.Episode(example=example, group=sample, sample=0, env=self.make_env(), prompt_ids=[])
 
         def call(fn: Any, *args: Any) -> Any:
-            return call_environment(ep, self.policy, fn, *args)
+            return Episodes.call(ep, self.policy, fn, *args)
 
-        start = call(ep.env.reset, example, episode_seed(int(self.recipe.seed), sample, 0))
+        start = call(ep.env.reset, example, Episodes.seed(int(self.recipe.seed), sample, 0))
         ep.prompt_ids = list(hf_tokenizer(start if isinstance(start, str) else prompt, add_special_tokens=False).input_ids)
         budget = min(self.policy.max_total_tokens, max_length - len(ep.prompt_ids))
         per_turn = int(self.recipe.rollout.get("max_new_tokens", 8))

@@ -25,9 +25,9 @@ class OpenRLHFBackend:
     def build_trainer(self, ctx: BuildContext) -> Any:
         """Engine mode: the engine trainer. ``backend_options.mode=trainer``: a stage runner that
         runs each rl / dpo stage as OpenRLHF's own ``train_ppo_ray`` / ``train_dpo``
-        (:mod:`unirl_backends.openrlhf.framework`)."""
+        (:mod:`unirl_backends.openrlhf.trainer_mode`)."""
         if self.config.mode == "trainer":
-            from unirl_backends.openrlhf.framework import OpenRLHFEntryPoints
+            from unirl_backends.openrlhf.trainer_mode import OpenRLHFEntryPoints
 
             return OpenRLHFEntryPoints(ctx, self.options)
         from unirl_backends.openrlhf.trainer import OpenRLHFTrainer
@@ -47,6 +47,6 @@ class OpenRLHFBackend:
         return read_back(native)
 
     def math(self) -> Any:
-        from unirl_backends.openrlhf.math import OpenRLHFMath
+        from unirl_backends.openrlhf.algorithm_math import OpenRLHFMath
 
         return OpenRLHFMath(self.recipe)

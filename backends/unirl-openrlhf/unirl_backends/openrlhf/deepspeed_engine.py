@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from unirl.engine.deepspeed import DS_DTYPE, adamw
+from unirl.trainers import DeepSpeedStepper
 from unirl_backends.openrlhf.loader import load
 from unirl_backends.openrlhf.translate import NO_CLIP
 
@@ -34,10 +34,9 @@ def init_distributed() -> Any:
     import sys
 
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-    from unirl.distributed import free_port
-    from unirl.distributed.env import rank_environment
+    from unirl.trainers import Ranks
 
-    env = rank_environment(0, 1, free_port())  # DeepSpeed's engines read them when they are built
+    env = Ranks.environment(0, 1, Ranks.free_port())  # DeepSpeed's engines read them when they are built
     load()
     import deepspeed
 
@@ -49,9 +48,9 @@ def train_config(recipe: Any, *, lr: float, zero_stage: int, micro_batch_size: i
     t = recipe.trainer
     ds_utils = load().deepspeed_utils
     config = ds_utils.get_train_ds_config(offload=False, adam_offload=False, stage=zero_stage,
-                                          param_dtype=DS_DTYPE[recipe.model.dtype],
+                                          param_dtype=DeepSpeedStepper.DTYPE[recipe.model.dtype],
                                           max_norm=t.grad_clip if t.grad_clip is not None else NO_CLIP, zpg=1)
-    config["optimizer"] = adamw(recipe, lr)
+    config["optimizer"] = DeepSpeedStepper.adamw(recipe, lr)
     config["train_micro_batch_size_per_gpu"] = micro_batch_size
     config["train_batch_size"] = micro_batch_size * gas
     config["steps_per_print"] = 10**9

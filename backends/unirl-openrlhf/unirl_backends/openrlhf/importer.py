@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from unirl.importing import ImportedRecipe, Note, OptionReader
+from unirl.frameworks import ImportedRecipe
 from unirl_backends.openrlhf.translate import LOSS_AGG, NO_CLIP
 
 CLIS = ("train_ppo_ray", "train_dpo")
@@ -61,7 +61,7 @@ def from_args(source: str | None, args: list[str]) -> ImportedRecipe:
     written = [a[2:] for a in known if a.startswith("--")]
     imported = from_native({"grpo" if cli == "train_ppo_ray" else "dpo": native}, written=written,
                            source=source or cli)
-    imported.unexpressed += [Note(a[2:], None, "not an argument of the installed OpenRLHF's parser (renamed or "
+    imported.unexpressed += [ImportedRecipe.Note(a[2:], None, "not an argument of the installed OpenRLHF's parser (renamed or "
                                                "removed in this version)") for a in unknown if a.startswith("--")]
     return imported
 
@@ -83,7 +83,7 @@ def from_native(native: dict[str, Any], written: list[str] | None = None, source
         if isinstance(args, dict):
             recipe["stages"].append({"name": name, "type": args["stage_type"], "steps": 1})
             continue
-        reader = OptionReader(lambda key, args=args: _get(args, key),
+        reader = ImportedRecipe.Reader(lambda key, args=args: _get(args, key),
                               written if written is not None else [])
         if hasattr(args, "algo"):
             _rl_stage(reader, recipe, name)
@@ -95,7 +95,7 @@ def from_native(native: dict[str, Any], written: list[str] | None = None, source
     return imported
 
 
-def _lora(read: OptionReader, recipe: dict[str, Any]) -> None:
+def _lora(read: ImportedRecipe.Reader, recipe: dict[str, Any]) -> None:
     rank = int(read.read("ds.lora.rank") or 0)
     if rank:
         modules = read.read("ds.lora.target_modules")
@@ -108,7 +108,7 @@ def _lora(read: OptionReader, recipe: dict[str, Any]) -> None:
         read.used.add(key)
 
 
-def _model_and_data(read: OptionReader, recipe: dict[str, Any], model_key: str, data_key: str) -> None:
+def _model_and_data(read: ImportedRecipe.Reader, recipe: dict[str, Any], model_key: str, data_key: str) -> None:
     if read.wrote(model_key):
         recipe.setdefault("model", {})["path"] = read.read(model_key)
     if read.wrote(data_key):
@@ -124,7 +124,7 @@ def _model_and_data(read: OptionReader, recipe: dict[str, Any], model_key: str, 
         recipe["seed"] = int(read.read("train.seed"))
 
 
-def _optimizer(read: OptionReader, trainer: dict[str, Any], prefix: str) -> None:
+def _optimizer(read: ImportedRecipe.Reader, trainer: dict[str, Any], prefix: str) -> None:
     """AdamW, clipping and the schedule: ``--actor.adam.*`` / ``--actor.max_norm`` (train_ppo_ray, ``prefix``
     "actor.") or ``--adam.*`` / ``--max_norm`` (train_dpo, no prefix)."""
     get = read.read
@@ -141,7 +141,7 @@ def _optimizer(read: OptionReader, trainer: dict[str, Any], prefix: str) -> None
                                                   f"unirl's learning rate is constant")
 
 
-def _rl_stage(read: OptionReader, recipe: dict[str, Any], name: str) -> None:
+def _rl_stage(read: ImportedRecipe.Reader, recipe: dict[str, Any], name: str) -> None:
     get = read.read
     algo, trainer = recipe["algorithm"], recipe["trainer"]
     estimator = get("algo.advantage.estimator", "algorithm.advantage")
@@ -221,7 +221,7 @@ def _rl_stage(read: OptionReader, recipe: dict[str, Any], name: str) -> None:
         read.unexpressed("train.num_episodes", "unirl counts optimizer steps (stages.0.steps)")
 
 
-def _dpo_stage(read: OptionReader, recipe: dict[str, Any], name: str) -> None:
+def _dpo_stage(read: ImportedRecipe.Reader, recipe: dict[str, Any], name: str) -> None:
     get = read.read
     algo, trainer = recipe["algorithm"], recipe["trainer"]
     algo["beta"] = float(get("model.beta", "algorithm.beta"))

@@ -13,7 +13,7 @@ from typing import Any
 from unirl import hookimpl
 from unirl.capabilities import ON, Capabilities, Fixed, Support
 from unirl.contract import BackendSpec
-from unirl.subprocess_stage import missing_on_this_machine, refused_stages
+from unirl.frameworks import SubprocessStageRunner
 
 N, E = Support.NATIVE, Support.EMULATED
 _RL = ("stages.type", "rl")
@@ -75,21 +75,17 @@ CAPABILITIES = Capabilities(
 
 
 def _lora(recipe: Any, mode: str) -> str | None:
-    """What OpenRLHF's LoRA arguments cannot take."""
-    lora = ((recipe.get("model") or {}).get("lora") or {}) if recipe is not None else {}
-    if not lora.get("rank"):
-        return None
-    if mode == "trainer":
-        return ("model.lora with mode=trainer: OpenRLHF 0.11.2's broadcast_to_vllm sends the PEFT model's own "
-                "parameter names (openrlhf/trainer/ray/ppo_actor.py:477-485: base_model.model.*.base_layer.weight, "
-                "lora_A / lora_B), which vLLM's load_weights does not know (OpenRLHF#546), and its save_model writes "
-                "the adapter alone (utils/deepspeed/deepspeed.py:570-572). Use mode=engine (unirl syncs the merged "
-                "weights) or model.lora.rank=0.")
-    alpha = lora.get("alpha")
-    if alpha is not None and float(alpha) != int(float(alpha)):
-        return (f"model.lora.alpha={alpha}: OpenRLHF's --ds.lora.alpha is an integer (openrlhf/cli/"
-                f"train_ppo_ray.py:385, type=int). Set model.lora.alpha={round(float(alpha))} or another integer.")
-    return None
+    """What OpenRLHF's LoRA arguments cannot take (the shared rules, with OpenRLHF's reasons)."""
+    from unirl.trainers import Lora
+
+    return Lora.trainer_mode_problem(
+        recipe, mode, engine_does="unirl syncs the merged weights",
+        why="OpenRLHF 0.11.2's broadcast_to_vllm sends the PEFT model's own parameter names "
+            "(openrlhf/trainer/ray/ppo_actor.py:477-485: base_model.model.*.base_layer.weight, lora_A / lora_B), "
+            "which vLLM's load_weights does not know (OpenRLHF#546), and its save_model writes the adapter alone "
+            "(utils/deepspeed/deepspeed.py:570-572)",
+    ) or Lora.integer_alpha_problem(recipe, key="OpenRLHF's --ds.lora.alpha",
+                                    source="openrlhf/cli/train_ppo_ray.py:385, type=int")
 
 
 def _gspo(recipe: Any) -> str | None:
@@ -114,7 +110,7 @@ class OpenRLHFOptions:
 
     ``mode``: ``engine`` (default; unirl's loop on OpenRLHF's losses and a DeepSpeed engine, CPU
     or GPU) or ``trainer`` (each rl stage is a run of OpenRLHF's ``train_ppo_ray``, each dpo stage
-    of ``train_dpo``, on GPUs; :mod:`unirl_backends.openrlhf.framework`). ``dry_run`` (trainer
+    of ``train_dpo``, on GPUs; :mod:`unirl_backends.openrlhf.trainer_mode`). ``dry_run`` (trainer
     mode): write the stage's files, print the command and stop, on any machine.
     """
 
@@ -126,9 +122,10 @@ class OpenRLHFOptions:
 
     @staticmethod
     def validate(cfg: OpenRLHFOptions, recipe: Any = None) -> str | None:
-        if cfg.mode not in ("engine", "trainer"):
-            return (f"mode={cfg.mode!r}; allowed: 'engine' (unirl's loop on OpenRLHF's losses), 'trainer' "
-                    f"(OpenRLHF's own train_ppo_ray / train_dpo, GPU).")
+        problem = SubprocessStageRunner.mode_problem(cfg.mode, engine_does="unirl's loop on OpenRLHF's losses",
+                                                     trainer_does="OpenRLHF's own train_ppo_ray / train_dpo, GPU")
+        if problem:
+            return problem
         if cfg.zero_stage in (1, 2):
             return (f"zero_stage={cfg.zero_stage}: ZeRO stages 1 and 2 are parallel.zero_stage={cfg.zero_stage}, as on "
                     f"every DeepSpeed-based backend (backend_options.zero_stage takes only 3, for mode=trainer).")
@@ -141,21 +138,15 @@ class OpenRLHFOptions:
                     "engine mode).")
         if cfg.param_dtype not in ("", "bf16", "fp16"):
             return f"param_dtype={cfg.param_dtype!r}; allowed: 'bf16', 'fp16' (or empty: model.dtype)."
-        if cfg.n_gpus_per_node < 1:
-            return f"n_gpus_per_node={cfg.n_gpus_per_node} must be >= 1."
-        problem = _gspo(recipe) or _lora(recipe, cfg.mode)
-        if problem or cfg.mode != "trainer":
+        problem = SubprocessStageRunner.counts_problem(cfg, ["n_gpus_per_node"]) or _gspo(recipe) \
+            or _lora(recipe, cfg.mode)
+        if problem:
             return problem
-        problem = refused_stages(recipe, {"rl": "OpenRLHF's train_ppo_ray", "dpo": "OpenRLHF's train_dpo"},
-                                 "openrlhf")
-        if problem or cfg.dry_run:
-            return problem
-        types = {s.type for s in recipe.stages} if recipe is not None else {"rl"}
-        needs = ["openrlhf", "deepspeed", "flash_attn", *(["vllm", "ray"] if "rl" in types else [])]
-        return missing_on_this_machine("OpenRLHF's own trainers", needs,
-                                       fix="run it on a GPU machine with them installed (scripts/gpu/openrlhf.sh), "
-                                           "use mode=engine here, or add backend_options.dry_run=true to write the "
-                                           "files and print the command")
+        deepspeed = ["openrlhf", "deepspeed", "flash_attn"]
+        return SubprocessStageRunner.trainer_mode_problem(
+            recipe, cfg, framework="openrlhf", setup="scripts/gpu/openrlhf.sh",
+            runs={"rl": "OpenRLHF's train_ppo_ray", "dpo": "OpenRLHF's train_dpo"},
+            needs={"rl": [*deepspeed, "vllm", "ray"], "dpo": deepspeed})
 
 
 def zero_stage(recipe: Any, options: Any) -> int:
@@ -166,15 +157,11 @@ def zero_stage(recipe: Any, options: Any) -> int:
     return asked or int(trainer_zero3 or 0)
 
 
-def run_mode(options: OpenRLHFOptions) -> str:
-    """``backend_options.mode``: engine (unirl's loop on the framework's code) or trainer (its own)."""
-    return options.mode
-
-
 @hookimpl
 def unirl_register_backends(register):
     register(BackendSpec(name="openrlhf", backend="unirl_backends.openrlhf.backend:OpenRLHFBackend",
-                         options=OpenRLHFOptions, capabilities=CAPABILITIES, mode=run_mode,
+                         options=OpenRLHFOptions, capabilities=CAPABILITIES,
+                         mode=SubprocessStageRunner.options_mode, contract=4,
                          description="OpenRLHF 0.11.2: its losses, KL and advantages on a DeepSpeed ZeRO engine (engine mode); "
                                   "train_ppo_ray / train_dpo (backend_options.mode=trainer, GPU)",
                          importer="unirl_backends.openrlhf.importer"))

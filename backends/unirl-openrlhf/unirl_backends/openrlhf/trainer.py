@@ -20,15 +20,12 @@ from typing import Any
 import torch
 
 from unirl.batch import PairBatch, RolloutBatch, SFTBatch, on_device
-from unirl.engine.deepspeed import Stepper, full_optimizer_state, load_full_optimizer_state
-from unirl.engine.update import run_mini_batches
 from unirl.errors import ConfigError
-from unirl.models.lifecycle import ModelSet
-from unirl.models.loading import load_tokenizer
 from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
+from unirl.trainers import DeepSpeedStepper, HFModels, MiniBatches, ModelSet
+from unirl_backends.openrlhf.algorithm_math import entropy_from_logits, policy_actor_loss, ppo_args
 from unirl_backends.openrlhf.deepspeed_engine import build_engine, init_distributed
 from unirl_backends.openrlhf.loader import load
-from unirl_backends.openrlhf.math import entropy_from_logits, policy_actor_loss, ppo_args
 from unirl_backends.openrlhf.plugin import zero_stage
 
 
@@ -41,7 +38,7 @@ class OpenRLHFTrainer:
         self.recipe, self.model_path = ctx.recipe, ctx.model_path
         self._group_env = init_distributed()
         self.orl = load()
-        self.tokenizer = ctx.tokenizer or load_tokenizer(ctx.model_path)
+        self.tokenizer = ctx.tokenizer or HFModels.load_tokenizer(ctx.model_path)
         self.models = ModelSet(self.recipe, ctx.model_path, self.tokenizer, self._deepspeed_engine)
         self.args = ppo_args(self.recipe.algorithm) if any(s.type == "rl" for s in self.recipe.stages) else None
 
@@ -83,7 +80,7 @@ class OpenRLHFTrainer:
                       ref_logprobs=self._token_logprobs("reference", batch) if request.ref_logprobs else None).cpu()
 
     def update(self, batch: RolloutBatch, plan: UpdatePlan) -> dict[str, float]:
-        return run_mini_batches(on_device(batch, self.models.device), plan, self._policy_step)
+        return MiniBatches.run(on_device(batch, self.models.device), plan, self._policy_step)
 
     def _token_logp(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return self.orl.utils.log_probs_from_logits(logits[:, :-1], ids[:, 1:])
@@ -94,7 +91,7 @@ class OpenRLHFTrainer:
         mask = batch.loss_mask[:, 1:].float()
         slices = self.models.micro_batches(len(batch))
         info = self.orl.loss_utils._optimizer_step_loss_norm([mask[sl] for sl in slices], None, 1, len(slices))
-        step, loss_fn, total = Stepper(self._engine("policy"), len(slices), lr), self.orl.loss.SFTLoss(), 0.0
+        step, loss_fn, total = DeepSpeedStepper(self._engine("policy"), len(slices), lr), self.orl.loss.SFTLoss(), 0.0
         for sl in slices:
             logp = self._token_logp(self._logits("policy", batch.input_ids[sl], batch.attention_mask[sl]),
                                     batch.input_ids[sl])
@@ -131,7 +128,7 @@ class OpenRLHFTrainer:
         a = self.recipe.algorithm
         loss_fn = self.orl.loss.DPOLoss(a.beta, label_smoothing=float(a.label_smoothing), ipo=a.dpo_loss == "ipo")
         slices = self._pair_slices(len(pairs))
-        step = Stepper(self._engine("policy"), len(slices), lr)
+        step = DeepSpeedStepper(self._engine("policy"), len(slices), lr)
         sums = {"loss/dpo": 0.0, "rewards/margin": 0.0, "rewards/accuracy": 0.0, "rewards/chosen": 0.0,
                 "rewards/rejected": 0.0}
         for sl in slices:
@@ -151,7 +148,7 @@ class OpenRLHFTrainer:
 
     def _rm_step(self, pairs: PairBatch, lr: float) -> dict[str, float]:
         slices = self._pair_slices(len(pairs))
-        step, loss_fn = Stepper(self._engine("reward_model"), len(slices), lr), self.orl.loss.PairWiseLoss()
+        step, loss_fn = DeepSpeedStepper(self._engine("reward_model"), len(slices), lr), self.orl.loss.PairWiseLoss()
         n, both = len(pairs), pairs.sequences
         sums = {"loss/rm": 0.0, "rm/accuracy": 0.0}
         for sl in slices:
@@ -178,7 +175,7 @@ class OpenRLHFTrainer:
         mask = batch.response_mask[:, 1:].float()
         slices = self.models.micro_batches(len(batch))
         info = self.orl.loss_utils._optimizer_step_loss_norm([mask[sl] for sl in slices], None, 1, len(slices))
-        step = Stepper(self._engine("policy"), len(slices), lr)
+        step = DeepSpeedStepper(self._engine("policy"), len(slices), lr)
         sums: dict[str, float] = {}
         for sl in slices:
             ids = batch.input_ids[sl]
@@ -215,7 +212,7 @@ class OpenRLHFTrainer:
     def state_dict(self) -> dict[str, Any]:
         dtype = self.recipe.model.dtype
         return {"models": {k: self.models.checkpoint_state(k) for k in self.models.models},
-                "optimizers": {k: full_optimizer_state(e, self._trained_params(k), dtype)
+                "optimizers": {k: DeepSpeedStepper.full_optimizer_state(e, self._trained_params(k), dtype)
                                for k, e in self.models.steppers.items()},
                 "trained": sorted(self.models.trained)}
 
@@ -227,7 +224,7 @@ class OpenRLHFTrainer:
         models.pop("critic", None)  # no critic on this backend
         self.models.restore_models(models)
         for name, sd in state["optimizers"].items():  # torch's AdamW form at every ZeRO stage
-            load_full_optimizer_state(self.models.steppers[name], self._trained_params(name), sd)
+            DeepSpeedStepper.load_full_optimizer_state(self.models.steppers[name], self._trained_params(name), sd)
         self.models.trained = set(state["trained"])
 
     def export(self, run_dir: str) -> dict[str, str]:

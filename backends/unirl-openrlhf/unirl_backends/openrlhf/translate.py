@@ -4,7 +4,7 @@ An ``rl`` stage becomes the arguments of ``openrlhf.cli.train_ppo_ray``, a ``dpo
 of ``openrlhf.cli.train_dpo``; both are parsed by OpenRLHF's own parsers
 (:func:`unirl_backends.openrlhf.loader.parse_args`), and :func:`read_back` recovers every
 canonical knob from the parsed namespaces alone. The engine-mode math
-(:mod:`unirl_backends.openrlhf.math`) reads its settings from the same parsed arguments.
+(:mod:`unirl_backends.openrlhf.algorithm_math`) reads its settings from the same parsed arguments.
 ``sft`` / ``cpt`` / ``rm`` stages train on the DeepSpeed engine with OpenRLHF's ``SFTLoss`` /
 ``PairWiseLoss``; they are described by a dict (OpenRLHF's SFT and RM entry points are not used).
 """
@@ -14,9 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from unirl.config.derived import stage_lr
 from unirl.errors import ConfigError
-from unirl.models.lora import lora_section
+from unirl.trainers import Lora, Recipe
 from unirl_backends.openrlhf.loader import parse_args
 from unirl_backends.openrlhf.plugin import zero_stage
 
@@ -93,15 +92,15 @@ def ppo_argv(algo: Any, *, trainer: Any = None, rollout: Any = None, stage: Any 
     if trainer is not None:
         micro = trainer.micro_batch_size
         if stage is not None:  # OpenRLHF accumulates train.batch_size // micro_batch_size micro-batches: never 0
-            micro = min(micro, stage.batch_size * algo.group_size // algo.mini_batches)
+            micro = min(micro, Recipe.rows_per_mini_batch(stage, algo))
         argv += ["--actor.adam.betas", str(trainer.beta1), str(trainer.beta2), "--actor.adam.eps", str(trainer.eps),
                  "--actor.adam.weight_decay", str(trainer.weight_decay),
                  "--actor.max_norm", str(trainer.grad_clip if trainer.grad_clip is not None else NO_CLIP),
                  "--train.micro_batch_size", str(micro), "--rollout.micro_batch_size", str(micro)]
     if stage is not None:
-        lr = stage_lr(stage, trainer)
+        lr = Recipe.stage_lr(stage, trainer)
         argv += ["--actor.adam.lr", str(lr), "--rollout.batch_size", str(stage.batch_size),
-                 "--train.batch_size", str(stage.batch_size * algo.group_size // algo.mini_batches),
+                 "--train.batch_size", str(Recipe.rows_per_mini_batch(stage, algo)),
                  "--train.num_episodes", "1", "--data.max_samples", str(stage.steps * stage.batch_size)]
     if rollout is not None:
         # a multi-turn episode's budget (the agent function caps each turn at rollout.max_new_tokens)
@@ -118,7 +117,7 @@ def ppo_argv(algo: Any, *, trainer: Any = None, rollout: Any = None, stage: Any 
 def dpo_argv(recipe: Any, stage: Any, *, model_path: str, data_path: str, zero_stage: int = 0,
              options: Any = None) -> list[str]:
     a, t = recipe.algorithm, recipe.trainer
-    lr = stage_lr(stage, t)
+    lr = Recipe.stage_lr(stage, t)
     micro = min(stage.batch_size, max(1, t.micro_batch_size // 2))  # pairs: two sequences each; accumulation >= 1
     argv = ["--model.model_name_or_path", model_path, "--model.beta", str(a.beta),
             "--model.label_smoothing", str(float(a.label_smoothing)), "--train.batch_size", str(stage.batch_size),
@@ -133,7 +132,7 @@ def dpo_argv(recipe: Any, stage: Any, *, model_path: str, data_path: str, zero_s
         argv.append("--model.ipo_enable")
     if (options or {}).get("param_dtype"):
         argv += ["--ds.param_dtype", options["param_dtype"]]
-    return argv + lora_argv(lora_section(recipe))
+    return argv + lora_argv(Lora.section(recipe))
 
 
 def translate(recipe: Any, model_path: str, run_dir: str, options: Any = None) -> dict[str, Any]:
@@ -147,7 +146,7 @@ def translate(recipe: Any, model_path: str, run_dir: str, options: Any = None) -
             out[stage.name] = parse_args("train_ppo_ray", ppo_argv(
                 recipe.algorithm, trainer=recipe.trainer, rollout=recipe.rollout, stage=stage, model_path=model_path,
                 data_path=str(data / f"{stage.name}.jsonl"), seed=recipe.seed, zero_stage=zero, options=options,
-                lora=lora_section(recipe)))
+                lora=Lora.section(recipe)))
         elif stage.type == "dpo":
             out[stage.name] = parse_args("train_dpo", dpo_argv(recipe, stage, model_path=model_path,
                                                                data_path=str(data / f"{stage.name}.jsonl"),

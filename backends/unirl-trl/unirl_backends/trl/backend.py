@@ -39,7 +39,7 @@ class TRLBackend:
         return read_back(native)
 
     def math(self) -> Any:
-        from unirl_backends.trl.math import TRLMath
+        from unirl_backends.trl.algorithm_math import TRLMath
 
         return TRLMath(self.recipe)
 

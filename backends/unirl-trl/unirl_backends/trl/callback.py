@@ -67,9 +67,9 @@ class UnirlCallback(TrainerCallback):
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.rng_state is not None:
-            from unirl.checkpoint import set_torch_rng_state
+            from unirl.tasks.rng import RngState
 
-            set_torch_rng_state(self.rng_state)
+            RngState.restore_torch(self.rng_state)
             self.rng_state = None
         self.t_step = time.perf_counter()
 

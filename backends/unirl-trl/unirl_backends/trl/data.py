@@ -16,9 +16,9 @@ def stage_rows(stage_type: str, examples: Sequence[Example]) -> list[dict[str, A
     if stage_type == "cpt":
         return [{"text": ex.text} for ex in examples]
     if stage_type == "dpo":
-        from unirl.engine.collate import require_rejected
+        from unirl.protocols import Example
 
-        require_rejected(examples)
+        Example.require_rejected(examples)
         return [{"prompt": ex.prompt, "chosen": ex.completion, "rejected": ex.rejected} for ex in examples]
     meta_keys = sorted({k for ex in examples for k in ex.meta})
     return [{"prompt": ex.prompt, "answer": ex.answer, **{k: ex.meta.get(k) for k in meta_keys}} for ex in examples]

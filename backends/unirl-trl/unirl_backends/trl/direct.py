@@ -18,17 +18,14 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from unirl.config.derived import stage_lr
-
 SCRIPT = Path(__file__).with_name("plain_grpo.py")
 #: settings that steer output, not the computation
 _PRESENTATION = {"output_dir", "logging_dir", "disable_tqdm", "run_name"}
 
 
 def direct_baseline(recipe: Any, recipe_path: str, overrides: list[str], workdir: Path, steps: int) -> Any:
-    from unirl.bench.direct import DirectBaseline
-    from unirl.components import build_component
-    from unirl.models.tiny import ensure_base_model
+    from unirl.frameworks import DirectBaseline
+    from unirl.trainers import HFModels, Recipe
     from unirl_backends.trl.translate import stage_config
 
     index = next((i for i, s in enumerate(recipe.stages) if s.type == "rl"), None)
@@ -47,11 +44,11 @@ def direct_baseline(recipe: Any, recipe_path: str, overrides: list[str], workdir
             raise RuntimeError(f"warming the model up for the plain TRL job failed: {proc.stderr.strip()[-600:]}")
         model = workdir / "warm" / "model"
     else:
-        model = Path(ensure_base_model(OmegaConf.merge(recipe, {"run": {"dir": str(workdir / "warm")}})))
+        model = Path(HFModels.ensure_base(OmegaConf.merge(recipe, {"run": {"dir": str(workdir / "warm")}})))
     job = OmegaConf.merge(recipe, {"model": {"path": str(model)}, "run": {"dir": str(workdir / "unirl-run")},
                                    "checkpoint": {"every": 0}, "stages": [dict(rl, steps=steps)]})
     OmegaConf.save(job, workdir / "job.yaml")
-    task = build_component(OmegaConf.merge(job, {"run": {"dir": str(workdir / "task")}}), "task", "task")
+    task = Recipe.build(OmegaConf.merge(job, {"run": {"dir": str(workdir / "task")}}), "task", "task")
     prompts = workdir / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": ex.prompt, "answer": ex.answer}) + "\n"
                                for ex in task.sample(steps * rl.batch_size)))
@@ -60,7 +57,7 @@ def direct_baseline(recipe: Any, recipe_path: str, overrides: list[str], workdir
     plain = [sys.executable, "-P", str(SCRIPT), "--model", str(model), "--prompts", str(prompts), "--out",
              str(workdir / "plain-run"), "--steps", str(steps), "--batch", str(rl.batch_size), "--group",
              str(algo.group_size), "--micro", str(job.trainer.micro_batch_size), "--seed", str(job.seed), "--lr",
-             str(stage_lr(rl, job.trainer)), "--max-new-tokens", str(roll.max_new_tokens), "--beta",
+             str(Recipe.stage_lr(rl, job.trainer)), "--max-new-tokens", str(roll.max_new_tokens), "--beta",
              str(algo.kl_loss_coef)]
     dump = workdir / "plain-config.json"
     proc = subprocess.run([*plain, "--dump-config", str(dump)], capture_output=True, text=True)

@@ -21,8 +21,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from unirl.environments.tools import ToolEnvironment
 from unirl.errors import ConfigError
+from unirl.frameworks import ToolEnvironment
 from unirl.protocols import Example
 
 _episodes = itertools.count()
@@ -31,9 +31,9 @@ _episodes = itertools.count()
 def environment_class(recipe: Any) -> type:
     """The class ``environment_factory`` takes for ``recipe``'s environment (a
     :class:`~unirl.environments.tools.ToolEnvironment`), or a ConfigError saying why TRL cannot run it."""
-    from unirl.rollouts.multi_turn import environment_factory, episode_seed
+    from unirl.frameworks import Episodes
 
-    make_env, _policy = environment_factory(recipe)
+    make_env, _policy = Episodes.environment_factory(recipe)
     probe = make_env()
     if not isinstance(probe, ToolEnvironment) or not probe.functions or None in probe.functions.values():
         raise ConfigError(f"environment.name={recipe.environment.name!r} with backend=trl: TRL's environment_factory "
@@ -51,7 +51,7 @@ def environment_class(recipe: Any) -> type:
         text = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt or "")
         meta = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
         self.example = Example(prompt=text, answer=str(row.get("answer", "")), completion="", meta=meta)
-        return self.env.reset(self.example, episode_seed(seed, next(_episodes), 0))
+        return self.env.reset(self.example, Episodes.seed(seed, next(_episodes), 0))
 
     members: dict[str, Any] = {"__init__": __init__, "reset": reset, "__module__": __name__,
                                "__doc__": f"TRL environment for unirl environment {recipe.environment.name!r}"}

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from unirl.importing import ImportedRecipe, OptionReader
+from unirl.frameworks import ImportedRecipe
 from unirl_backends.trl.plugin import POLICY_LOSS_AGG
 from unirl_backends.trl.translate import LOSS_AGG, PEFT_CONFIG
 
@@ -81,7 +81,7 @@ def from_native(native: dict[str, Any], written: list[str] | None = None, source
                                                       "dropout": float(config.lora_dropout),
                                                       "target_modules": sorted(config.target_modules)}
             continue
-        reader = OptionReader(lambda key, config=config: _plain(getattr(config, key, None)),
+        reader = ImportedRecipe.Reader(lambda key, config=config: _plain(getattr(config, key, None)),
                               written if written is not None else [])
         _common(reader, recipe)
         if isinstance(config, trl.GRPOConfig):
@@ -100,7 +100,7 @@ def _plain(value: Any) -> Any:
     return getattr(value, "value", value) if type(value).__module__ != "builtins" else value
 
 
-def _common(read: OptionReader, recipe: dict[str, Any]) -> None:
+def _common(read: ImportedRecipe.Reader, recipe: dict[str, Any]) -> None:
     get, trainer = read.read, recipe["trainer"]
     trainer["lr"] = float(get("learning_rate", "trainer.lr"))
     trainer["beta1"], trainer["beta2"] = float(get("adam_beta1")), float(get("adam_beta2"))
@@ -119,7 +119,7 @@ def _common(read: OptionReader, recipe: dict[str, Any]) -> None:
         recipe["seed"] = int(get("seed"))
 
 
-def _steps(read: OptionReader, recipe: dict[str, Any], name: str, kind: str, batch: int) -> None:
+def _steps(read: ImportedRecipe.Reader, recipe: dict[str, Any], name: str, kind: str, batch: int) -> None:
     steps = int(read.read("max_steps") or -1)
     if steps <= 0:
         read.unexpressed("num_train_epochs", "unirl counts optimizer steps: set stages.0.steps for your data "
@@ -127,7 +127,7 @@ def _steps(read: OptionReader, recipe: dict[str, Any], name: str, kind: str, bat
     recipe["stages"].append({"name": name, "type": kind, "batch_size": batch, "steps": steps if steps > 0 else 100})
 
 
-def _grpo(read: OptionReader, recipe: dict[str, Any], name: str) -> None:
+def _grpo(read: ImportedRecipe.Reader, recipe: dict[str, Any], name: str) -> None:
     get = read.read
     algo = recipe["algorithm"]
     algo["advantage"] = "grpo"
@@ -177,7 +177,7 @@ def _grpo(read: OptionReader, recipe: dict[str, Any], name: str) -> None:
     _steps(read, recipe, name, "rl", max(1, completions // group))
 
 
-def _dpo(read: OptionReader, recipe: dict[str, Any], name: str) -> None:
+def _dpo(read: ImportedRecipe.Reader, recipe: dict[str, Any], name: str) -> None:
     get = read.read
     algo = recipe["algorithm"]
     algo["beta"] = float(get("beta", "algorithm.beta"))
@@ -198,7 +198,7 @@ def _dpo(read: OptionReader, recipe: dict[str, Any], name: str) -> None:
     _steps(read, recipe, name, "dpo", micro * int(get("gradient_accumulation_steps") or 1))
 
 
-def _sft(read: OptionReader, recipe: dict[str, Any], name: str) -> None:
+def _sft(read: ImportedRecipe.Reader, recipe: dict[str, Any], name: str) -> None:
     get = read.read
     kind = "sft" if get("completion_only_loss") in (True, None) else "cpt"
     if get("packing"):

@@ -85,12 +85,12 @@ def _lora(recipe: Any) -> str | None:
     """LoRA with a reference model: TRL makes the reference of a PeftModel a "ref" adapter copied from the
     policy's adapter when a trainer is built (grpo_trainer.py:478-505), so a resumed stage would copy the
     mid-stage adapter instead of the stage-start policy's."""
-    if recipe is None or not int(((recipe.get("model") or {}).get("lora") or {}).get("rank") or 0):
-        return None
-    from unirl.config.derived import stage_needs
+    from unirl.trainers import Lora, Recipe
 
+    if recipe is None or Lora.section(recipe) is None:
+        return None
     for st in recipe.stages:
-        if stage_needs(recipe, st.type).reference:
+        if Recipe.stage_needs(recipe, st.type).reference:
             return (f"model.lora with stage {st.name!r} ({st.type}), which needs a reference model: TRL makes the "
                     f"reference of a PEFT model a 'ref' adapter copied from the policy's when its trainer is built "
                     f"(trl/trainer/grpo_trainer.py:478-505), so a resumed stage would take the mid-stage adapter as "
@@ -139,6 +139,6 @@ class TRLOptions:
 @hookimpl
 def unirl_register_backends(register):
     register(BackendSpec(name="trl", backend="unirl_backends.trl.backend:TRLBackend",
-                         options=TRLOptions, capabilities=CAPABILITIES, mode="trainer",
+                         options=TRLOptions, capabilities=CAPABILITIES, mode="trainer", contract=4,
                          description="TRL 1.16: SFTTrainer, DPOTrainer, GRPOTrainer run each stage with their own loop",
                          importer="unirl_backends.trl.importer"))

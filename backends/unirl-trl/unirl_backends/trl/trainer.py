@@ -25,13 +25,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from unirl.checkpoint import torch_rng_state
-from unirl.config.derived import stage_needs
 from unirl.errors import ConfigError, RunError
-from unirl.models.lifecycle import grad_norm
-from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
-from unirl.models.lora import adapter_state, lora_section, merged, save_adapter, wrap
 from unirl.protocols import BuildContext, StageInputs
+from unirl.tasks.rng import RngState
+from unirl.trainers import HFModels, Lora, ModelSet, Recipe
 from unirl_backends.trl.translate import stage_config, use_cuda
 
 
@@ -66,14 +63,14 @@ class TRLTrainer:
         quiet_trl()
         self.recipe, self.options = ctx.recipe, dict(options or {})
         self.model_path, self.run_dir = ctx.model_path, Path(ctx.run_dir)
-        self.tokenizer = ctx.tokenizer or load_tokenizer(ctx.model_path)
+        self.tokenizer = ctx.tokenizer or HFModels.load_tokenizer(ctx.model_path)
         self.cuda = use_cuda(self.options)
         if self.options.get("use_vllm"):
             self._check_vllm()
-        self.policy = load_causal_lm(ctx.model_path, self.recipe.model.dtype)
-        self.lora = lora_section(self.recipe)
+        self.policy = HFModels.load_causal_lm(ctx.model_path, self.recipe.model.dtype)
+        self.lora = Lora.section(self.recipe)
         if self.lora is not None:  # a PeftModel, which TRL's trainers take as the model (grpo_trainer.py:164-176)
-            self.policy = wrap(self.policy, self.lora, seed=self.recipe.seed)
+            self.policy = Lora.wrap(self.policy, self.lora, seed=self.recipe.seed)
         if self.cuda:
             self.policy.to("cuda")
         self.policy.train()
@@ -108,7 +105,7 @@ class TRLTrainer:
 
     def begin_stage(self, stage_type: str) -> None:
         self.stage_task_state = None  # recorded by run_stage when the stage samples its data
-        self.reference = self._frozen_copy() if stage_needs(self.recipe, stage_type).reference else None
+        self.reference = self._frozen_copy() if Recipe.stage_needs(self.recipe, stage_type).reference else None
 
     def _unpatch(self) -> None:
         """TRL adds a fused LM head by assigning ``model.forward`` on the instance; drop it so
@@ -154,7 +151,7 @@ class TRLTrainer:
             if self.reference is None:
                 raise RunError("the rl stage needs a reference model (kl_loss_coef > 0) but none was frozen")
             ref_dir = self.run_dir / "trl" / "reference"
-            save_hf_model(self.reference, self.tokenizer, str(ref_dir))
+            HFModels.save(self.reference, self.tokenizer, str(ref_dir))
             self.policy.config._name_or_path = str(ref_dir)
         try:
             extra = {"environment_factory": environment_factory} if environment_factory is not None else {}
@@ -187,7 +184,7 @@ class TRLTrainer:
         if self.options.get("dry_run"):
             return self._dry_run(stage, config, rows, multi_turn)
         # a resumed stage continues the generator stream of the interrupted one (restored by the driver)
-        rng = torch_rng_state() if start_step > 0 else None
+        rng = RngState.torch() if start_step > 0 else None
         callback = UnirlCallback(stage_type=stage.type, on_step=on_step, optimizer_state=self.optimizer_state,
                                  rng_state=rng, completions_per_step=stage.batch_size * self.recipe.algorithm.group_size)
         columns = tuple(k for k in rows[0] if k != "prompt") if rows else ()
@@ -258,7 +255,7 @@ class TRLTrainer:
         if trainer.args.max_grad_norm and trainer.args.max_grad_norm > 0:
             norm = trainer.accelerator.clip_grad_norm_(params, trainer.args.max_grad_norm)
         else:
-            norm = grad_norm(params, None)
+            norm = ModelSet.grad_norm(params, None)
         trainer.optimizer.step()
         trainer.model.zero_grad(set_to_none=True)
         return float(norm)
@@ -337,7 +334,7 @@ class TRLTrainer:
     def _saved(self, model: Any) -> dict[str, Any]:
         """A model's state as a checkpoint keeps it (of a LoRA policy, the adapters alone)."""
         state = model.state_dict()
-        return adapter_state(state) if self.lora is not None else state
+        return Lora.adapter_state(state) if self.lora is not None else state
 
     def _load(self, model: Any, state: dict[str, Any]) -> None:
         model.load_state_dict({**model.state_dict(), **state} if self.lora is not None else state)
@@ -365,10 +362,10 @@ class TRLTrainer:
         self._unpatch()
         path = str(Path(run_dir) / "model")
         if self.lora is None:
-            save_hf_model(self.policy, self.tokenizer, path)
+            HFModels.save(self.policy, self.tokenizer, path)
             return {"policy": path}
-        save_adapter(self.policy, str(Path(run_dir) / "adapter"))  # PEFT's adapter, then the merged model
-        save_hf_model(merged(self.policy), self.tokenizer, path)
+        Lora.save_adapter(self.policy, str(Path(run_dir) / "adapter"))  # PEFT's adapter, then the merged model
+        HFModels.save(Lora.merged(self.policy), self.tokenizer, path)
         return {"policy": path, "adapter": str(Path(run_dir) / "adapter")}
 
     def close(self) -> None:

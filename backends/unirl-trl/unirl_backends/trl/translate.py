@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from unirl.capabilities import ON
-from unirl.config.derived import loss_norm_length, stage_lr
 from unirl.errors import CapabilityError, ConfigError
-from unirl.models.lora import lora_config, lora_section
+from unirl.trainers import Lora, Recipe
 from unirl_backends.trl.plugin import POLICY_LOSS_AGG
 
 #: unirl loss_agg -> TRL GRPO loss_type, each with the same normaliser over a full step
@@ -67,7 +66,7 @@ def stage_config(recipe: Any, stage: Any, *, output_dir: str, steps: int | None 
 
     cuda = use_cuda(options)
     steps = stage.steps if steps is None else steps
-    lr = lr if lr is not None else stage_lr(stage, recipe.trainer)
+    lr = lr if lr is not None else Recipe.stage_lr(stage, recipe.trainer)
     algo = recipe.algorithm
     if stage.type in ("sft", "cpt"):
         micro, acc = _split(stage.batch_size, recipe.trainer.micro_batch_size, "sequences")
@@ -82,7 +81,7 @@ def stage_config(recipe: Any, stage: Any, *, output_dir: str, steps: int | None 
                                        accumulation=acc, cuda=cuda),
                              beta=algo.beta, loss_type=[algo.dpo_loss], max_length=None, precompute_ref_log_probs=False)
     if stage.type == "rl":
-        norm_length = loss_norm_length(recipe)
+        norm_length = Recipe.loss_norm_length(recipe)
         max_new = recipe.rollout.get("max_new_tokens")
         if algo.loss_agg == "seq_mean_token_sum_norm" and norm_length != max_new:
             raise CapabilityError(backend="trl", key="algorithm.loss_norm_length", value=norm_length, supported_by=[],
@@ -147,9 +146,9 @@ def translate(recipe: Any, output_dir: str, options: Any = None) -> dict[str, An
     trainers take as ``peft_config``; grpo_trainer.py:433-476 wraps the model with it the same way)."""
     out: dict[str, Any] = {stage.name: stage_config(recipe, stage, output_dir=f"{output_dir}/{stage.name}",
                                                     options=options) for stage in recipe.stages}
-    lora = lora_section(recipe)
+    lora = Lora.section(recipe)
     if lora is not None:
-        out[PEFT_CONFIG] = lora_config(lora)
+        out[PEFT_CONFIG] = Lora.config(lora)
     return out
 
 

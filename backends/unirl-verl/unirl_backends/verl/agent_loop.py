@@ -18,8 +18,8 @@ import itertools
 from typing import Any
 from uuid import uuid4
 
+from unirl.frameworks import Episodes
 from unirl.protocols import Example
-from unirl.rollouts.multi_turn import recipe_episode_parts
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
 AGENT_NAME = "unirl_environment"
@@ -29,23 +29,21 @@ _episodes = itertools.count()
 class UnirlAgentLoop(AgentLoopBase):
     def __init__(self, *args: Any, recipe: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.recipe, self.make_env, self.policy, self.reward = recipe_episode_parts(recipe)
+        self.recipe, self.make_env, self.policy, self.reward = Episodes.parts(recipe)
         self.response_length = int(self.rollout_config.response_length)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        from unirl.rollouts.multi_turn import Episode, call_environment, episode_seed
-
         extra = dict(kwargs.get("extra_info") or {})
         prompt, index = str(extra.pop("prompt")), int(extra.pop("index", 0))
         answer = str((kwargs.get("reward_model") or {}).get("ground_truth", ""))
         example = Example(prompt=prompt, answer=answer, completion="", meta=extra)
         sample = next(_episodes)
-        ep = Episode(example=example, group=index, sample=sample, env=self.make_env(), prompt_ids=[])
+        ep = Episodes.Episode(example=example, group=index, sample=sample, env=self.make_env(), prompt_ids=[])
 
         def call(fn: Any, *args: Any) -> Any:
-            return call_environment(ep, self.policy, fn, *args)
+            return Episodes.call(ep, self.policy, fn, *args)
 
-        start = call(ep.env.reset, example, episode_seed(int(self.recipe.seed), index, sample))
+        start = call(ep.env.reset, example, Episodes.seed(int(self.recipe.seed), index, sample))
         ep.prompt_ids = list(self.tokenizer(start if isinstance(start, str) else prompt,
                                             add_special_tokens=False).input_ids)
         stops = list(getattr(ep.env, "stop", []) or [])

@@ -23,9 +23,9 @@ class VerlBackend:
 
     def build_trainer(self, ctx: BuildContext) -> Any:
         """Engine mode: the engine trainer. ``backend_options.mode=trainer``: a stage runner that
-        runs each rl stage as verl's own ``main_ppo`` (:mod:`unirl_backends.verl.framework`)."""
+        runs each rl stage as verl's own ``main_ppo`` (:mod:`unirl_backends.verl.trainer_mode`)."""
         if self.config.mode == "trainer":
-            from unirl_backends.verl.framework import VerlMainPPO
+            from unirl_backends.verl.trainer_mode import VerlMainPPO
 
             return VerlMainPPO(ctx, self.options)
         from unirl_backends.verl.trainer import VerlTrainer
@@ -35,9 +35,9 @@ class VerlBackend:
     def _model_path(self, recipe: Any) -> str:
         """verl's config classes load the model's config and tokenizer: the recipe's model, or
         the tiny model a run would build (in ``run.dir/base_model``)."""
-        from unirl.models.tiny import ensure_base_model
+        from unirl.trainers import HFModels
 
-        return ensure_base_model(recipe)
+        return HFModels.ensure_base(recipe)
 
     def translate(self, recipe: Any) -> dict[str, Any]:
         """``{stage name: verl config}``: ``main_ppo``'s composed Hydra config for rl stages."""
@@ -51,6 +51,6 @@ class VerlBackend:
         return read_back(native)
 
     def math(self) -> Any:
-        from unirl_backends.verl.math import VerlMath
+        from unirl_backends.verl.algorithm_math import VerlMath
 
         return VerlMath(self.recipe)

@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from unirl.importing import ImportedRecipe, Note, OptionReader
-from unirl_backends.verl.math import ADVANTAGE, KL, LOSS_AGG, NO_DUAL_CLIP, POLICY_LOSS
+from unirl.frameworks import ImportedRecipe
+from unirl_backends.verl.algorithm_math import ADVANTAGE, KL, LOSS_AGG, NO_DUAL_CLIP, POLICY_LOSS
 
 _INV = lambda table: {v: k for k, v in table.items()}  # noqa: E731
 A, R = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
@@ -88,7 +88,7 @@ def from_args(source: str | None, args: list[str]) -> ImportedRecipe:
     imported = from_native({"grpo": cfg}, written=written, source=source or "")
     for item in unknown:
         key, _, value = item.partition("=")
-        imported.unexpressed.append(Note(key, value, "not a key of the installed verl's ppo_trainer config (renamed "
+        imported.unexpressed.append(ImportedRecipe.Note(key, value, "not a key of the installed verl's ppo_trainer config (renamed "
                                                      "or removed in this version)"))
     return imported
 
@@ -118,7 +118,7 @@ def from_native(native: dict[str, Any], written: list[str] | None = None, source
                 recipe["model"] = {"lora": {"rank": int(lora), "alpha": cfg["worker"].model_config.lora_alpha}}
             continue
         flat = {k: v for k, v in _flat(OmegaConf.to_container(cfg, resolve=False)).items()}
-        reader = OptionReader(lambda key, flat=flat: flat.get(key), written if written is not None else list(flat))
+        reader = ImportedRecipe.Reader(lambda key, flat=flat: flat.get(key), written if written is not None else list(flat))
         _rl_stage(reader, recipe, name)
         if written is not None:
             reader.finish(imported, INFRASTRUCTURE, WHY_INFRA)
@@ -138,7 +138,7 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _rl_stage(read: OptionReader, recipe: dict[str, Any], name: str) -> None:
+def _rl_stage(read: ImportedRecipe.Reader, recipe: dict[str, Any], name: str) -> None:
     get = read.read
     algo, trainer = recipe["algorithm"], recipe["trainer"]
     estimator = get("algorithm.adv_estimator", "algorithm.advantage")
@@ -247,7 +247,7 @@ def _rl_stage(read: OptionReader, recipe: dict[str, Any], name: str) -> None:
         recipe["reward"] = {"name": "function", "function": f"{fn_path}:{fn_name or 'compute_score'}"}
     elif read.wrote("data.train_files"):  # verl scores with default_compute_score by the row's data_source
         recipe["reward"] = {"name": "function", "function": "verl.utils.reward_score:default_compute_score"}
-        read.defaults.append(Note("reward.custom_reward_function.path", None, "the framework's default; verl scores "
+        read.defaults.append(ImportedRecipe.Note("reward.custom_reward_function.path", None, "the framework's default; verl scores "
                                   "with default_compute_score by the row's data_source: reward.function says so"))
     if read.wrote("data.seed"):
         recipe["seed"] = int(get("data.seed"))

@@ -14,7 +14,7 @@ from typing import Any
 from unirl import hookimpl
 from unirl.capabilities import ON, Capabilities, Fixed, Support
 from unirl.contract import BackendSpec
-from unirl.subprocess_stage import missing_on_this_machine, refused_stages
+from unirl.frameworks import SubprocessStageRunner
 
 N, E = Support.NATIVE, Support.EMULATED
 _RL = ("stages.type", "rl")
@@ -78,7 +78,7 @@ class VerlOptions:
 
     ``mode``: ``engine`` (default; unirl's loop on verl's FSDP2 worker and core_algos, CPU or GPU)
     or ``trainer`` (each rl stage is a run of verl's own ``main_ppo``, on GPUs with vLLM or
-    SGLang; :mod:`unirl_backends.verl.framework`). ``dry_run`` (trainer mode): write the stage's
+    SGLang; :mod:`unirl_backends.verl.trainer_mode`). ``dry_run`` (trainer mode): write the stage's
     files, print the command and stop, on any machine. The other keys go to ``main_ppo``.
     """
 
@@ -92,46 +92,37 @@ class VerlOptions:
 
     @staticmethod
     def validate(cfg: VerlOptions, recipe: Any = None) -> str | None:
-        if cfg.mode not in ("engine", "trainer"):
-            return (f"mode={cfg.mode!r}; allowed: 'engine' (unirl's loop on verl's worker), 'trainer' (verl's own "
-                    f"main_ppo, GPU).")
+        problem = SubprocessStageRunner.mode_problem(cfg.mode, engine_does="unirl's loop on verl's worker",
+                                                     trainer_does="verl's own main_ppo, GPU")
+        if problem:
+            return problem
         if cfg.rollout not in ("vllm", "sglang"):
             return f"rollout={cfg.rollout!r}; allowed: 'vllm', 'sglang'."
         if cfg.strategy not in ("fsdp2", "megatron"):
             return f"strategy={cfg.strategy!r}; allowed: 'fsdp2', 'megatron'."
-        for key in ("n_gpus_per_node", "nnodes", "max_prompt_length"):
-            if getattr(cfg, key) < 1:
-                return f"{key}={getattr(cfg, key)} must be >= 1."
-        problem = _gmpo_micro_batches(recipe) or _lora(recipe, cfg.mode)
+        problem = SubprocessStageRunner.counts_problem(cfg, ["n_gpus_per_node", "nnodes", "max_prompt_length"]) \
+            or _gmpo_micro_batches(recipe) or _lora(recipe, cfg.mode)
         if problem or cfg.mode != "trainer":
             return problem
         if recipe is not None and recipe.algorithm.get("overlong_buffer") is not None:
             return ("algorithm.overlong_buffer: verl's main_ppo has no overlong reward shaping (DAPO's reward "
                     "manager lives in verl's recipe/ folder, not in the wheel); it runs in mode=engine, where unirl "
                     "shapes the rewards.")
-        problem = refused_stages(recipe, {"rl": "verl's main_ppo"}, "verl")
-        if problem or cfg.dry_run:
-            return problem
-        return missing_on_this_machine("verl's main_ppo", ["verl", "ray", cfg.rollout],
-                                       fix="run it on a GPU machine with them installed (scripts/gpu/verl.sh), use "
-                                           "mode=engine here, or add backend_options.dry_run=true to write the files "
-                                           "and print the command")
+        return SubprocessStageRunner.trainer_mode_problem(recipe, cfg, framework="verl", setup="scripts/gpu/verl.sh",
+                                                          runs={"rl": "verl's main_ppo"},
+                                                          needs={"rl": ["verl", "ray", cfg.rollout]})
 
 
 def _lora(recipe: Any, mode: str) -> str | None:
-    """What verl's LoRA keys cannot take (``actor_rollout_ref.model.lora_alpha`` is an int)."""
-    lora = ((recipe.get("model") or {}).get("lora") or {}) if recipe is not None else {}
-    if not lora.get("rank"):
-        return None
-    if mode == "trainer":
-        return ("model.lora with mode=trainer: verl's main_ppo with LoRA syncs adapters to its rollout engine and saves "
-                "them apart from the model (its own checkpoint layout), which unirl has not run on a GPU yet. Use "
-                "mode=engine (verl's FSDP engine wraps the model; unirl syncs the merged weights) or model.lora.rank=0.")
-    alpha = lora.get("alpha")
-    if alpha is not None and float(alpha) != int(float(alpha)):
-        return (f"model.lora.alpha={alpha}: verl's lora_alpha is an integer (verl/workers/config/model.py:125, "
-                f"lora_alpha: int). Set model.lora.alpha={round(float(alpha))} or another integer.")
-    return None
+    """What verl's LoRA keys cannot take (the shared rules, with verl's reasons)."""
+    from unirl.trainers import Lora
+
+    return Lora.trainer_mode_problem(
+        recipe, mode, engine_does="verl's FSDP engine wraps the model; unirl syncs the merged weights",
+        why="verl's main_ppo with LoRA syncs adapters to its rollout engine and saves them apart from the model "
+            "(its own checkpoint layout), which unirl has not run on a GPU yet",
+    ) or Lora.integer_alpha_problem(recipe, key="verl's lora_alpha",
+                                    source="verl/workers/config/model.py:125, lora_alpha: int")
 
 
 def _gmpo_micro_batches(recipe: Any) -> str | None:
@@ -154,15 +145,11 @@ def _gmpo_micro_batches(recipe: Any) -> str | None:
     return None
 
 
-def run_mode(options: VerlOptions) -> str:
-    """``backend_options.mode``: engine (unirl's loop on the framework's code) or trainer (its own)."""
-    return options.mode
-
-
 @hookimpl
 def unirl_register_backends(register):
     register(BackendSpec(name="verl", backend="unirl_backends.verl.backend:VerlBackend",
-                         options=VerlOptions, capabilities=CAPABILITIES, mode=run_mode,
+                         options=VerlOptions, capabilities=CAPABILITIES,
+                         mode=SubprocessStageRunner.options_mode, contract=4,
                          description="verl 0.9.1: FSDP2 TrainingWorker and core_algos (engine mode, CPU and GPU); "
                                   "main_ppo (backend_options.mode=trainer, GPU)",
                          importer="unirl_backends.verl.importer"))

@@ -19,9 +19,8 @@ from typing import Any
 
 import torch
 
-from unirl.config.derived import loss_norm_length
-from unirl.models.lora import lora_section
-from unirl_backends.verl.math import rollout_is_weights
+from unirl.trainers import Lora, Recipe
+from unirl_backends.verl.algorithm_math import rollout_is_weights
 from unirl_backends.verl.runtime import import_engine
 
 
@@ -34,7 +33,7 @@ def worker_config(recipe: Any, model_path: str, *, lr: float) -> Any:
 
     t = recipe.trainer
     dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[recipe.model.dtype]
-    lora = lora_section(recipe)
+    lora = Lora.section(recipe)
     # model.lora: the engine wraps the model with PEFT itself (workers/engine/fsdp/transformer_impl.py:339-368)
     adapters = {} if lora is None else {"lora_rank": int(lora.rank), "lora_alpha": int(float(lora.alpha)),
                                         "target_modules": [str(m) for m in lora.target_modules]}
@@ -125,13 +124,13 @@ class PolicyRank:
     """What one rank holds and does; every method is called on every rank (collectives inside)."""
 
     def __init__(self, recipe: Any, model_path: str, pad_token_id: int) -> None:
-        from unirl_backends.verl.math import actor_config
+        from unirl_backends.verl.algorithm_math import actor_config
 
         self.recipe, self.model_path = recipe, model_path
         self.policy = self._worker()
         self.reference: Any = None
         algo = recipe.algorithm
-        self.actor = actor_config(algo, loss_norm_length(recipe), micro_batch_size=recipe.trainer.micro_batch_size,
+        self.actor = actor_config(algo, Recipe.loss_norm_length(recipe), micro_batch_size=recipe.trainer.micro_batch_size,
                                   group_size=algo.group_size)
         self.pad_token_id = pad_token_id
 

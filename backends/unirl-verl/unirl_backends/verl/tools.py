@@ -15,8 +15,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from unirl.environments.calls import CallTimeout, call_with_timeout
-from unirl.environments.tools import ToolEnvironment
+from unirl.frameworks import ToolEnvironment
 from unirl.protocols import Example, StepResult
 from unirl.userfiles import PathKind, path_field
 
@@ -49,7 +48,7 @@ class VerlToolEnvironment(ToolEnvironment):
         self._loop = asyncio.new_event_loop()
 
     def _run(self, coro: Any) -> Any:
-        return call_with_timeout(self._loop.run_until_complete, self.timeout_s, coro)
+        return ToolEnvironment.call_with_timeout(self._loop.run_until_complete, self.timeout_s, coro)
 
     def reset(self, example: Example, seed: int) -> str | None:
         self.example = example
@@ -72,7 +71,7 @@ class VerlToolEnvironment(ToolEnvironment):
             if name not in self._instances:
                 self._instances[name] = self._run(tool.create())[0]
             response, reward, _metrics = self._run(tool.execute(self._instances[name], arguments))
-        except CallTimeout:
+        except ToolEnvironment.Timeout:
             return StepResult(observation=self.format_result(f"error: {name} did not answer within "
                                                              f"{self.timeout_s:g} s"),
                               info={"tool_calls": 1, "tool_errors": 1})

@@ -1,7 +1,7 @@
 """The unirl trainer object for ``backend=verl`` (engine mode).
 
 unirl's driver generates, scores, buffers and computes advantages (through
-:class:`unirl_backends.verl.math.VerlMath`, i.e. verl's ``core_algos``); this object trains with
+:class:`unirl_backends.verl.algorithm_math.VerlMath`, i.e. verl's ``core_algos``); this object trains with
 verl's ``TrainingWorker`` on ``parallel.dp`` ranks (:mod:`unirl.distributed.ranks`). Each call
 splits the step's global batch into equal contiguous shards, one per rank; verl normalises the
 loss over the whole batch, so the update does not depend on ``dp``. An rl step is one call to
@@ -17,13 +17,9 @@ import torch
 
 from unirl import metrics as M
 from unirl.batch import RolloutBatch, SFTBatch
-from unirl.config.derived import stage_needs
-from unirl.engine.update import mini_batch, require_update_fields
 from unirl.errors import ConfigError
-from unirl.models.loading import load_causal_lm, load_tokenizer, save_hf_model
-from unirl.models.lora import adapter_state, lora_section, merged, save_adapter, wrap
-from unirl.models.weights import WeightSync
 from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
+from unirl.trainers import HFModels, Lora, MiniBatches, Recipe, WeightSync
 
 
 def _shards(n: int, world: int) -> list[slice]:
@@ -37,19 +33,19 @@ class VerlTrainer:
     def __init__(self, ctx: BuildContext, options: dict[str, Any] | None = None) -> None:
         from omegaconf import OmegaConf
 
-        from unirl.distributed.ranks import start_ranks
+        from unirl.trainers import Ranks
         from unirl_backends.verl.policy_rank import make_policy_rank
 
         self.recipe, self.model_path = ctx.recipe, ctx.model_path
-        self.tokenizer = ctx.tokenizer or load_tokenizer(ctx.model_path)
+        self.tokenizer = ctx.tokenizer or HFModels.load_tokenizer(ctx.model_path)
         self.options = options or {}
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.ranks = start_ranks(make_policy_rank, OmegaConf.to_container(self.recipe, resolve=True),
+        self.ranks = Ranks.start(make_policy_rank, OmegaConf.to_container(self.recipe, resolve=True),
                                  self.model_path, pad, world=self.recipe.parallel.dp, name="verl",
                                  collectives=bool(self.recipe.profile.collectives))
         self.has_reference = False
         self.weights = WeightSync()
-        self.lora = lora_section(self.recipe)
+        self.lora = Lora.section(self.recipe)
         self._wrapped: Any = None  # with model.lora: a CPU copy of the PEFT model that merges the engine's state
         if self.lora is not None:
             self._start_adapters()
@@ -84,7 +80,7 @@ class VerlTrainer:
     # ------------------------------------------------------------------ stages
 
     def begin_stage(self, stage_type: str) -> None:
-        if stage_needs(self.recipe, stage_type).reference:
+        if Recipe.stage_needs(self.recipe, stage_type).reference:
             self.ranks.call("snapshot_reference")
             self.has_reference = True
 
@@ -119,7 +115,7 @@ class VerlTrainer:
     def update(self, batch: RolloutBatch, plan: UpdatePlan) -> dict[str, float]:
         """Every optimizer step of verl's ``ppo_loss`` in one call to the ranks: each rank gets its
         share of every mini-batch of the plan."""
-        require_update_fields(batch, plan)
+        MiniBatches.require_fields(batch, plan)
         if batch.old_logprobs is None and plan.optimizer_steps > 1:
             raise ValueError("update() needs batch.old_logprobs when the batch is trained on more than once "
                              f"({plan.optimizer_steps} optimizer steps): score() returns them when asked")
@@ -128,7 +124,7 @@ class VerlTrainer:
         per_rank: list[list[dict[str, Any]]] = [[] for _ in range(self.ranks.world)]
         sizes, tokens = [], 0.0
         for index in plan.mini_batch_indices():
-            mb = mini_batch(batch, index)
+            mb = MiniBatches.select(batch, index)
             mask = mb.response_mask[:, 1:]
             sizes.append(int((mask.sum(-1) > 0).sum()))
             tokens += float(mask.sum())
@@ -168,7 +164,7 @@ class VerlTrainer:
         """The engine's adapters set to the ones every backend starts from (``wrap`` with the recipe's
         seed): each rank's engine drew its own from wherever its generator stood, which differs with
         ``parallel.dp`` (measured: max 0.25 between dp=1 and dp=2)."""
-        start = adapter_state(wrap(load_causal_lm(self.model_path, self.recipe.model.dtype), self.lora,
+        start = Lora.adapter_state(Lora.wrap(HFModels.load_causal_lm(self.model_path, self.recipe.model.dtype), self.lora,
                                    seed=self.recipe.seed).state_dict())
         base = self.ranks.call("full_state", which="policy", optimizer=False)[0][0]
         self.ranks.call("load_full_state", model={**base, **start})
@@ -177,7 +173,7 @@ class VerlTrainer:
         """With ``model.lora``: the engine's policy (PEFT's names) in a CPU PEFT model of the same
         adapters, kept between calls."""
         if self._wrapped is None:
-            self._wrapped = wrap(load_causal_lm(self.model_path, self.recipe.model.dtype), self.lora,
+            self._wrapped = Lora.wrap(HFModels.load_causal_lm(self.model_path, self.recipe.model.dtype), self.lora,
                                  seed=self.recipe.seed)
         self._wrapped.load_state_dict(self._assembled_policy())
         return self._wrapped
@@ -186,14 +182,14 @@ class VerlTrainer:
         """The policy under the base architecture's names (with LoRA: merged, what a rollout takes)."""
         if self.lora is None:
             return self._assembled_policy()
-        return merged(self._peft_policy()).state_dict()
+        return Lora.merged(self._peft_policy()).state_dict()
 
     def sync_weights(self, rollout: RolloutEngine) -> dict[str, float]:
         return self.weights.sync(rollout, self._plain_policy)
 
     def _kept(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """What a checkpoint keeps of a model (with LoRA, the adapters: the base is model.path's)."""
-        return adapter_state(state) if self.lora is not None else state
+        return Lora.adapter_state(state) if self.lora is not None else state
 
     def state_dict(self) -> dict[str, Any]:
         model, optim = self.ranks.call("full_state", which="policy", optimizer=True)[0]
@@ -219,10 +215,10 @@ class VerlTrainer:
         path = str(Path(run_dir) / "model")
         if self.lora is not None:
             wrapped = self._peft_policy()
-            save_adapter(wrapped, str(Path(run_dir) / "adapter"))
-            save_hf_model(merged(wrapped), self.tokenizer, path)
+            Lora.save_adapter(wrapped, str(Path(run_dir) / "adapter"))
+            HFModels.save(Lora.merged(wrapped), self.tokenizer, path)
             return {"policy": path, "adapter": str(Path(run_dir) / "adapter")}
-        model = load_causal_lm(self.model_path, self.recipe.model.dtype)
+        model = HFModels.load_causal_lm(self.model_path, self.recipe.model.dtype)
         model.load_state_dict(self._assembled_policy())
-        save_hf_model(model, self.tokenizer, path)
+        HFModels.save(model, self.tokenizer, path)
         return {"policy": path}

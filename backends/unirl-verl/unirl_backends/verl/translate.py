@@ -14,10 +14,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from unirl.config.derived import loss_norm_length, stage_lr
 from unirl.errors import ConfigError
-from unirl.models.lora import lora_section
-from unirl_backends.verl.math import ADVANTAGE, KL, LOSS_AGG, NO_DUAL_CLIP, POLICY_LOSS, clip_ratios, policy_loss_mode
+from unirl.trainers import Lora, Recipe
+from unirl_backends.verl.algorithm_math import (
+    ADVANTAGE,
+    KL,
+    LOSS_AGG,
+    NO_DUAL_CLIP,
+    POLICY_LOSS,
+    clip_ratios,
+    policy_loss_mode,
+)
 from unirl_backends.verl.runtime import import_verl
 
 _INV = lambda table: {v: k for k, v in table.items()}  # noqa: E731
@@ -38,7 +45,7 @@ def ppo_overrides(recipe: Any, stage: Any, *, model_path: str, run_dir: str, opt
     a, t = recipe.algorithm, recipe.trainer
     rollout = recipe.rollout
     options = options or {}
-    lr = stage_lr(stage, t)
+    lr = Recipe.stage_lr(stage, t)
     actor = "actor_rollout_ref.actor"
     kl_reward = a.kl_reward_coef > 0
     o = {
@@ -50,7 +57,7 @@ def ppo_overrides(recipe: Any, stage: Any, *, model_path: str, run_dir: str, opt
         "algorithm.kl_ctrl.type": "fixed", "algorithm.kl_ctrl.kl_coef": a.kl_reward_coef if kl_reward else 0.001,
         f"{actor}.strategy": options.get("strategy", "fsdp2"),
         f"{actor}.loss_agg_mode": LOSS_AGG[a.loss_agg],
-        f"{actor}.loss_scale_factor": loss_norm_length(recipe) if a.loss_agg == "seq_mean_token_sum_norm" else None,
+        f"{actor}.loss_scale_factor": Recipe.loss_norm_length(recipe) if a.loss_agg == "seq_mean_token_sum_norm" else None,
         f"{actor}.policy_loss.loss_mode": policy_loss_mode(a),
         f"{actor}.tau_pos": float(a.sapo_tau_pos), f"{actor}.tau_neg": float(a.sapo_tau_neg),
         f"{actor}.clip_ratio": clip_ratios(a)[0], f"{actor}.clip_ratio_low": clip_ratios(a)[0],
@@ -104,7 +111,7 @@ def ppo_overrides(recipe: Any, stage: Any, *, model_path: str, run_dir: str, opt
         "critic.ppo_micro_batch_size_per_gpu": t.micro_batch_size,
         "critic.model.path": model_path,
     }
-    lora = lora_section(recipe)
+    lora = Lora.section(recipe)
     if lora is not None:  # the FSDP engine wraps the actor with PEFT (transformer_impl.py:339-368); the rollout
         # engine gets the merged weights, as unirl syncs them (lora.merge, transformer_impl.py:996-1014)
         o.update({"actor_rollout_ref.model.lora_rank": int(lora.rank),
@@ -158,7 +165,7 @@ def engine_stage_config(recipe: Any, stage: Any, model_path: str) -> dict[str, A
 
     return {"stage_type": stage.type, "loss_fn": "verl.workers.utils.losses.sft_loss",
             "loss_mask": "completion" if stage.type == "sft" else "all",
-            "worker": worker_config(recipe, model_path, lr=stage_lr(stage, recipe.trainer))}
+            "worker": worker_config(recipe, model_path, lr=Recipe.stage_lr(stage, recipe.trainer))}
 
 
 def translate(recipe: Any, model_path: str, run_dir: str, options: Any = None) -> dict[str, Any]:

@@ -16,11 +16,12 @@ from typing import Any
 import torch
 
 from unirl import metrics as M
-from unirl.algorithms.dynamic_sampling import varied_groups
+from unirl.algorithms.dynamic_sampling import fill_varied_groups
+from unirl.algorithms.failed_groups import NoGroupLeft, drop_failed_groups
 from unirl.algorithms.length_penalty import overlong_penalty
 from unirl.algorithms.policy_loss import truncated_is_weights
 from unirl.batch import RolloutBatch
-from unirl.config.derived import stage_needs
+from unirl.config.derived import sequences_divisor, stage_needs
 from unirl.engine.collate import pair_batch, sft_batch, text_batch
 from unirl.engine.phases import PhaseTimer
 from unirl.engine.pipeline import GenerationQueue
@@ -30,17 +31,22 @@ from unirl.protocols import (
     AlgorithmMath,
     CountedCalls,
     EngineTrainer,
+    HoldsTokenizer,
+    MathOverlongPenalty,
+    PolicedReward,
     RankMetrics,
     ReplayBuffer,
+    ReportsLogprobDiff,
     RewardFn,
     RolloutEngine,
     ScoreRequest,
     Task,
+    shares_trainer_policy,
 )
 
 
 @dataclass
-class Components:
+class RunParts:
     recipe: Any
     trainer: EngineTrainer
     task: Task
@@ -70,7 +76,7 @@ def _timed_row(row: dict[str, float], tokens: float, timer: PhaseTimer, trainer:
     return row
 
 
-def _lm_step(c: Components, stage: Any, lr: float, make_batch: Any, loss_key: str) -> dict[str, float]:
+def _lm_step(c: RunParts, stage: Any, lr: float, make_batch: Any, loss_key: str) -> dict[str, float]:
     timer = PhaseTimer()
     with timer("data"):
         batch = make_batch(c.task.sample(stage.batch_size))
@@ -81,16 +87,16 @@ def _lm_step(c: Components, stage: Any, lr: float, make_batch: Any, loss_key: st
     return _timed_row(row, float(batch.attention_mask.sum()), timer, c.trainer)
 
 
-def sft_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
+def sft_step(c: RunParts, stage: Any, lr: float) -> dict[str, float]:
     return _lm_step(c, stage, lr, lambda examples: sft_batch(c.trainer.tokenizer, examples), M.LOSS_SFT)
 
 
-def cpt_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
+def cpt_step(c: RunParts, stage: Any, lr: float) -> dict[str, float]:
     return _lm_step(c, stage, lr, lambda examples: text_batch(c.trainer.tokenizer, [ex.text for ex in examples]),
                     M.LOSS_CPT)
 
 
-def _pair_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
+def _pair_step(c: RunParts, stage: Any, lr: float) -> dict[str, float]:
     timer = PhaseTimer()
     with timer("data"):
         pairs = pair_batch(c.trainer.tokenizer, c.task.sample(stage.batch_size))
@@ -111,29 +117,32 @@ def score_request(recipe: Any) -> ScoreRequest:
                         ref_logprobs=stage_needs(recipe, "rl").reference, values=algo.advantage == "gae")
 
 
+def want_rollout_logprobs(recipe: Any, rollout: Any) -> bool:
+    """Whether the rollout is asked for its sampled tokens' log-probs (``SamplingParams.logprobs``):
+    for the rows' train-inference mismatch (``rollout/logprob_diff_*``) and ``algorithm.tis_cap``.
+    Asked for where the trainer scores the old log-probs anyway, and where the engine holds its own
+    weights (a weight push can go wrong; then at the price of one scoring forward). An engine
+    sampling with the trainer's own module (:class:`~unirl.protocols.SharesTrainerPolicy`) skips it:
+    same weights, no gap."""
+    return score_request(recipe).old_logprobs or not shares_trainer_policy(rollout)
+
+
+def reports_logprob_diff(trainer: Any) -> bool:
+    """Whether the trainer's update measures the train-inference gap itself
+    (:class:`~unirl.protocols.ReportsLogprobDiff`; absent: no)."""
+    return isinstance(trainer, ReportsLogprobDiff) and bool(trainer.reports_logprob_diff)
+
+
+def reward_on_error(reward: Any) -> str:
+    """The run's ``reward.on_error`` as the reward applies it (:class:`~unirl.protocols.PolicedReward`;
+    a reward without a policy fails on error): the rl step leaves failed groups out under
+    ``skip_group``, and the driver adds ``reward/failed`` to the rows unless it is ``fail``."""
+    return str(reward.policy.on_error) if isinstance(reward, PolicedReward) else "fail"
+
+
 class StepSkipped(Exception):
     """The step cannot train (e.g. every group's reward failed under ``reward.on_error=skip_group``):
     nothing was changed; the driver counts it and runs the step again on new samples."""
-
-
-def drop_failed_groups(rollout: RolloutBatch, divisor: int) -> tuple[RolloutBatch, int]:
-    """``rollout`` without the groups holding a failed (NaN) reward, and how many groups left.
-
-    Whole groups only, and a number of sequences ``divisor`` divides (mini-batches x ranks): a
-    failure-free group past the last whole multiple is left out too. Raises :class:`StepSkipped`
-    when no group remains."""
-    index = rollout.group_index.tolist()
-    bad = set(rollout.group_index[torch.isnan(rollout.rewards)].tolist())
-    groups = list(dict.fromkeys(index))
-    size = len(rollout) // len(groups)
-    good = [g for g in groups if g not in bad]
-    while good and (len(good) * size) % divisor:
-        good.pop()
-    if not good:
-        raise StepSkipped(f"the reward failed in {len(bad)} of {len(groups)} groups and no whole mini-batch of "
-                          f"failure-free groups is left (reward.on_error=skip_group)")
-    keep = set(good)
-    return rollout.select([i for i, g in enumerate(index) if g in keep]), len(groups) - len(good)
 
 
 def logprob_mismatch(rollout_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor,
@@ -145,7 +154,7 @@ def logprob_mismatch(rollout_logprobs: torch.Tensor, trainer_logprobs: torch.Ten
             M.ROLLOUT_LOGPROB_DIFF_MAX: float(diff.max()) if diff.numel() else 0.0}
 
 
-def _generate_and_score(c: Components, prompts: int, timer: PhaseTimer) -> RolloutBatch:
+def _generate_and_score(c: RunParts, prompts: int, timer: PhaseTimer) -> RolloutBatch:
     """A rollout batch of ``prompts`` groups with its rewards (and ``algorithm.overlong_buffer``'s shaping)."""
     algo = c.recipe.algorithm
     with timer("generate"):  # the batch requested max_staleness updates ago (0: now), and the next ones
@@ -154,83 +163,85 @@ def _generate_and_score(c: Components, prompts: int, timer: PhaseTimer) -> Rollo
         rollout.rewards = torch.tensor(c.reward(rollout.prompts, rollout.completions, **rollout.extras),
                                        dtype=torch.float32)
         if algo.overlong_buffer is not None:
-            penalty = getattr(c.math, "overlong_penalty", None) or overlong_penalty
+            # the framework's own shaping where its math has one (MathOverlongPenalty), else unirl's
+            penalty = c.math.overlong_penalty if isinstance(c.math, MathOverlongPenalty) else overlong_penalty
             rollout.rewards = rollout.rewards + penalty(rollout.response_mask.sum(-1), c.recipe.rollout.max_new_tokens,
                                                         int(algo.overlong_buffer), float(algo.overlong_penalty))
     return rollout
 
 
-def dynamic_sampling(c: Components, stage: Any, first: RolloutBatch, timer: PhaseTimer,
+def dynamic_sampling(c: RunParts, stage: Any, first: RolloutBatch, timer: PhaseTimer,
                      ) -> tuple[RolloutBatch, list[RolloutBatch], dict[str, float]]:
-    """DAPO's dynamic sampling: the groups of ``first`` whose rewards vary, and groups of new prompts
-    generated for the ones dropped, until ``stage.batch_size`` groups or
-    ``algorithm.dynamic_sampling_max_batches`` generation rounds; short of that, dropped groups fill the
-    batch (oldest first). Returns the batch to train on, every batch generated, and the counts."""
+    """DAPO's dynamic sampling (:func:`unirl.algorithms.dynamic_sampling.fill_varied_groups`) with this
+    run's generation: the batch to train on, every batch generated, and the counts."""
+    tokenizer = c.rollout.tokenizer if isinstance(c.rollout, HoldsTokenizer) else None
+    pad_id = (tokenizer.pad_token_id if tokenizer is not None else None) or 0
+    return fill_varied_groups(first, stage.batch_size, c.recipe.algorithm.dynamic_sampling_max_batches,
+                              lambda n: _generate_and_score(c, n, timer), pad_id)
+
+
+@dataclass
+class _Generated:
+    """What the generation phase produced: the batch offered to the buffer, and what the reward curve
+    and token counts are taken over (every batch generated, failed rewards left out where skipped)."""
+
+    batch: RolloutBatch
+    lengths: torch.Tensor
+    rewards: torch.Tensor
+    row: dict[str, float]
+
+
+def _generate(c: RunParts, stage: Any, timer: PhaseTimer) -> _Generated:
+    """Phase 1: generate and score a batch; DAPO's dynamic sampling; failed-reward groups left out
+    (``reward.on_error=skip_group``)."""
     algo = c.recipe.algorithm
-    kept: list[RolloutBatch] = []
-    dropped: list[RolloutBatch] = []
-    generated = [first]
-    batch, n_kept = first, 0
-    while True:
-        keep = set(varied_groups(batch.rewards, batch.group_index))
-        index = batch.group_index.tolist()
-        kept.append(batch.select([i for i, g in enumerate(index) if g in keep]))
-        dropped.append(batch.select([i for i, g in enumerate(index) if g not in keep]))
-        n_kept += len(keep)
-        if n_kept >= stage.batch_size or len(generated) >= algo.dynamic_sampling_max_batches:
-            break
-        batch = _generate_and_score(c, stage.batch_size - n_kept, timer)
-        generated.append(batch)
-    n_dropped = sum(len(set(d.group_index.tolist())) for d in dropped)
-    filled = 0
-    for d in dropped:  # rounds exhausted: whole dropped groups complete the batch, oldest first
-        for g in dict.fromkeys(d.group_index.tolist()):
-            if n_kept + filled >= stage.batch_size:
-                break
-            kept.append(d.select([i for i, x in enumerate(d.group_index.tolist()) if x == g]))
-            filled += 1
-    pad_id = getattr(getattr(c.rollout, "tokenizer", None), "pad_token_id", None) or 0
-    out = RolloutBatch.concat([k for k in kept if len(k)], pad_id)
-    return out, generated, {M.DYNAMIC_SAMPLING_DROPPED: float(n_dropped), M.DYNAMIC_SAMPLING_ROUNDS: float(len(generated)),
-                            M.DYNAMIC_SAMPLING_FILLED: float(filled)}
-
-
-def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
-    algo, trainer = c.recipe.algorithm, c.trainer
-    timer = PhaseTimer()
     rollout = _generate_and_score(c, stage.batch_size, timer)
-    staleness = c.queue.staleness_row(rollout)
-    generated_batches, sampling_row = [rollout], {}
+    row = dict(c.queue.staleness_row(rollout))
+    generated = [rollout]
     if algo.dynamic_sampling:
-        rollout, generated_batches, sampling_row = dynamic_sampling(c, stage, rollout, timer)
-    generated = torch.cat([b.response_mask.sum(-1).float() for b in generated_batches])
-    generated_rewards = torch.cat([b.rewards for b in generated_batches])
-    skipped_groups = None
-    if getattr(getattr(c.reward, "policy", None), "on_error", "fail") == "skip_group":
-        skipped_groups = 0
+        rollout, generated, sampling_row = dynamic_sampling(c, stage, rollout, timer)
+        row.update(sampling_row)
+    rewards = torch.cat([b.rewards for b in generated])
+    if reward_on_error(c.reward) == "skip_group":
+        skipped = 0
         if torch.isnan(rollout.rewards).any():  # failed rewards: their groups are left out of the step
-            rollout, skipped_groups = drop_failed_groups(rollout, algo.mini_batches * c.recipe.parallel.dp)
+            try:
+                rollout, skipped = drop_failed_groups(rollout, sequences_divisor(c.recipe))
+            except NoGroupLeft as exc:
+                raise StepSkipped(str(exc)) from exc
             # the reward curve: over the groups kept (one generation round), or every scored sequence
-            generated_rewards = generated_rewards[~torch.isnan(generated_rewards)] if algo.dynamic_sampling \
-                else rollout.rewards
+            rewards = rewards[~torch.isnan(rewards)] if algo.dynamic_sampling else rollout.rewards
+        row[M.REWARD_SKIPPED_GROUPS] = float(skipped)
+    lengths = torch.cat([b.response_mask.sum(-1).float() for b in generated])
+    return _Generated(rollout, lengths, rewards, row)
+
+
+def _take(c: RunParts, rollout: RolloutBatch, timer: PhaseTimer) -> tuple[RolloutBatch, int]:
+    """Phase 2: the replay buffer takes the batch and chooses what is trained on, in which order;
+    the batch and how many sequences it dropped."""
     with timer("buffer"):
         held = len(c.buffer)
         c.buffer.add(rollout)
-        batch = c.buffer.take()  # the buffer chooses what is trained on, and in which order
+        batch = c.buffer.take()
         dropped = held + len(rollout) - len(batch) - len(c.buffer)
-    if len(batch) % (algo.mini_batches * c.recipe.parallel.dp):
+    if len(batch) % sequences_divisor(c.recipe):
+        algo = c.recipe.algorithm
         raise RunError(f"buffer {c.recipe.buffer.name!r} returned {len(batch)} sequences to train on, which "
                        f"algorithm.mini_batches={algo.mini_batches} x parallel.dp={c.recipe.parallel.dp} does not "
                        f"divide; change the buffer's options (e.g. its fraction) or stages.batch_size.")
-    mask = batch.response_mask[:, 1:].float()
+    return batch, dropped
+
+
+def _score(c: RunParts, batch: RolloutBatch, timer: PhaseTimer) -> tuple[bool, dict[str, float]]:
+    """Phase 3: the trainer's ``score`` (behaviour and reference log-probs, values) in one call. The
+    train-inference mismatch (``rollout/logprob_diff_*``) of the sampled tokens comes from the
+    behaviour log-probs when the update needs them anyway; else from the update's own forward when the
+    trainer reports it (``reports_logprob_diff``: returned True); else scored for it (one more forward)."""
     if c.request is None:
         c.request = score_request(c.recipe)
-    request = c.request
-    # the train-inference mismatch (rollout/logprob_diff_*) of the batch's sampled tokens: from the
-    # behaviour log-probs when the update needs them anyway; else from the update's own forward when the
-    # trainer says it reports it (``reports_logprob_diff``); else scored for it (one more forward)
+    request, trainer = c.request, c.trainer
     mismatch = batch.rollout_logprobs is not None
-    reported = mismatch and not request.old_logprobs and bool(getattr(trainer, "reports_logprob_diff", False))
+    reported = mismatch and not request.old_logprobs and reports_logprob_diff(trainer)
     scored = mismatch and not reported
     with timer("score"):
         scores = trainer.score(batch, replace(request, old_logprobs=True) if scored else request)
@@ -239,7 +250,15 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
             raise RuntimeError(f"{type(trainer).__name__}.score() was asked for {name} and returned None")
     batch.old_logprobs = scores.old_logprobs if (request.old_logprobs or not reported) else None
     batch.ref_logprobs, batch.values = scores.ref_logprobs, scores.values
-    mismatch_row = logprob_mismatch(batch.rollout_logprobs, scores.old_logprobs, mask) if scored else {}
+    mask = batch.response_mask[:, 1:].float()
+    return reported, logprob_mismatch(batch.rollout_logprobs, scores.old_logprobs, mask) if scored else {}
+
+
+def _advantages(c: RunParts, batch: RolloutBatch, timer: PhaseTimer) -> torch.Tensor | None:
+    """Phase 4: the KL in the reward, advantages and returns (the backend's math), truncated
+    importance weights; the KL when it is in the reward."""
+    algo = c.recipe.algorithm
+    mask = batch.response_mask[:, 1:].float()
     kl = None
     with timer("advantages"):
         if algo.kl_reward_coef > 0:
@@ -252,39 +271,60 @@ def rl_step(c: Components, stage: Any, lr: float) -> dict[str, float]:
                                f"rollout {c.recipe.rollout.name!r} returned none (SamplingParams.logprobs). Use "
                                f"rollout.name=hf_generate, or algorithm.tis_cap=null.")
             batch.is_weights = truncated_is_weights(batch.old_logprobs, batch.rollout_logprobs, mask, algo.tis_cap)
+    return kl
+
+
+def _update(c: RunParts, batch: RolloutBatch, lr: float, reported: bool, timer: PhaseTimer) -> dict[str, float]:
+    """Phase 5: the trainer's ``update`` (every epoch, mini-batch and micro-batch), then ``sync_weights``
+    to the rollout."""
+    trainer = c.trainer
     with timer("train"):
         c.trainer_touched = True
-        row = trainer.update(batch, plan_update(algo, len(batch), lr))
+        row = trainer.update(batch, plan_update(c.recipe.algorithm, len(batch), lr))
     row["lr"] = lr
     if reported and M.ROLLOUT_LOGPROB_DIFF_MAX not in row:
         raise RuntimeError(f"{type(trainer).__name__} declares reports_logprob_diff but its update() returned no "
                            f"{M.ROLLOUT_LOGPROB_DIFF_MAX} for a batch with rollout log-probs and no old_logprobs")
-    row.update(mismatch_row)
     with timer("weight_sync"):
         row.update(trainer.sync_weights(c.rollout))
     c.queue.updated()
-    row.update(staleness)
+    return row
+
+
+def _report(c: RunParts, row: dict[str, float], gen: _Generated, batch: RolloutBatch, dropped: int,
+            kl: torch.Tensor | None, timer: PhaseTimer) -> dict[str, float]:
+    """Phase 6: the step's row: the queue's and the parts' counts, the reward curve over what was
+    generated, what the buffer chose, and the phases' times."""
+    mask = batch.response_mask[:, 1:].float()
     row.update(c.queue.take_counts())
-    resp_tokens = batch.response_mask.sum(-1).float()
-    if skipped_groups is not None:
-        row[M.REWARD_SKIPPED_GROUPS] = float(skipped_groups)
     for part in (c.rollout, c.reward):  # Ray pools: what their workers answered this step, and replacements
         if isinstance(part, CountedCalls):
             row.update(part.take_counts())
     if kl is not None:
         row["kl/reward_mean"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
-    if len(batch) != len(generated_rewards) or dropped:  # selected: the curve stays over what was generated
+    if len(batch) != len(gen.rewards) or dropped:  # selected: the curve stays over what was generated
         row.update({M.REWARD_TRAINED_MEAN: float(batch.rewards.mean()), M.BUFFER_TRAINED: float(len(batch)),
                     M.BUFFER_DROPPED: float(dropped)})
-    row.update(sampling_row)
+    row.update(gen.row)
     row.update({
-        M.REWARD_MEAN: float(generated_rewards.mean()),
-        M.REWARD_STD: float(generated_rewards.std()) if len(generated_rewards) > 1 else 0.0,
+        M.REWARD_MEAN: float(gen.rewards.mean()),
+        M.REWARD_STD: float(gen.rewards.std()) if len(gen.rewards) > 1 else 0.0,
         "advantages/abs_mean": float((batch.advantages.abs() * mask).sum() / mask.sum().clamp(min=1)),
-        "response/length_mean": float(resp_tokens.mean()),
-        M.TOKENS_GENERATED: float(generated.sum()),
+        "response/length_mean": float(batch.response_mask.sum(-1).float().mean()),
+        M.TOKENS_GENERATED: float(gen.lengths.sum()),
     })
     return _timed_row(row, float(batch.attention_mask.sum()), timer, c.trainer)
+
+
+def rl_step(c: RunParts, stage: Any, lr: float) -> dict[str, float]:
+    """One rl step, phase by phase: three calls into the trainer (``score``, ``update``, ``sync_weights``)."""
+    timer = PhaseTimer()
+    gen = _generate(c, stage, timer)
+    batch, dropped = _take(c, gen.batch, timer)
+    reported, row = _score(c, batch, timer)
+    kl = _advantages(c, batch, timer)
+    row = {**_update(c, batch, lr, reported, timer), **row}
+    return _report(c, row, gen, batch, dropped, kl, timer)
 
 
 STEP_FUNCTIONS = {"sft": sft_step, "cpt": cpt_step, "dpo": _pair_step, "rm": _pair_step, "rl": rl_step}

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from unirl.algorithms.advantages import token_level_rewards
+from unirl.trainers import Objectives
 from unirl_backends.verl.runtime import import_verl
 
 #: unirl loss aggregation -> verl actor.loss_agg_mode
@@ -137,7 +137,7 @@ class VerlMath:
     def advantages_and_returns(self, algo: Any, scores: torch.Tensor, mask: torch.Tensor, group_index: torch.Tensor,
                                values: torch.Tensor | None = None, kl: torch.Tensor | None = None,
                                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        rewards = token_level_rewards(scores, mask, kl=kl, kl_coef=algo.kl_reward_coef)
+        rewards = Objectives.token_level_rewards(scores, mask, kl=kl, kl_coef=algo.kl_reward_coef)
         return verl_advantages(algo, rewards, mask, group_index, values)
 
     def kl(self, logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str, clamp: float | None) -> torch.Tensor:

@@ -46,20 +46,20 @@ class TRLMath:
     @property
     def model_dir(self) -> str:
         if self._model_dir is None:
-            from unirl.models.tiny import build_tiny_model
+            from unirl.trainers import HFModels
 
-            self._model_dir = str(build_tiny_model(self._dir / "tiny", seed=0))
+            self._model_dir = str(HFModels.build_tiny(self._dir / "tiny", seed=0))
         return self._model_dir
 
     def _recipe(self, algo: Any, batch: int, norm_length: int, stage_type: str) -> Any:
-        from unirl.config import load_recipe
+        from unirl.trainers import Recipe
 
         group = int(algo.group_size) if stage_type == "rl" else 1
         overrides = ["backend=trl", f"model.path={self.model_dir}", f"run.dir={self._dir / 'run'}",
                      f"stages=[{{name: l1, type: {stage_type}, steps: 1, batch_size: {batch // group}}}]",
                      f"trainer.micro_batch_size={batch * 2}", f"rollout.max_new_tokens={norm_length}"]
         overrides += [f"algorithm.{k}={algo[k]}" for k in _ALGO_KEYS]
-        return load_recipe(None, overrides)
+        return Recipe.load(None, overrides)
 
     def _trainer(self, algo: Any, batch: int, norm_length: int, stage_type: str = "rl") -> Any:
         key = (stage_type, batch, norm_length, *(algo[k] for k in _ALGO_KEYS))
@@ -115,20 +115,20 @@ class TRLMath:
                                keep_graph=True)
 
     def aggregate(self, loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm_length: int) -> torch.Tensor:
-        from unirl.config.derived import algorithm_section
+        from unirl.trainers import Recipe
 
-        trainer = self._trainer(algorithm_section(loss_agg=mode, group_size=loss_mat.shape[0]), loss_mat.shape[0],
+        trainer = self._trainer(Recipe.algorithm_section(loss_agg=mode, group_size=loss_mat.shape[0]), loss_mat.shape[0],
                                 norm_length)  # one group: aggregation does not depend on grouping
         zeros = torch.zeros_like(loss_mat)
         return self._grpo_loss(trainer, zeros, zeros, None, -loss_mat, mask)
 
     def kl(self, logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str, clamp: float | None) -> torch.Tensor:
-        from unirl.config.derived import algorithm_section
+        from unirl.trainers import Recipe
 
         if estimator != "k3" or clamp is not None:
             raise ValueError(f"TRL computes only k3 without a clamp (asked: {estimator}, clamp={clamp})")
         b, length = logp.shape
-        trainer = self._trainer(algorithm_section(loss_agg="token_mean", kl_loss_coef=1.0, group_size=b), b, length)
+        trainer = self._trainer(Recipe.algorithm_section(loss_agg="token_mean", kl_loss_coef=1.0, group_size=b), b, length)
         out = torch.zeros_like(logp)
         zeros = torch.zeros_like(logp)
         for i in range(b):
@@ -161,9 +161,9 @@ class TRLMath:
 
     def dpo_loss(self, pi_c: torch.Tensor, pi_r: torch.Tensor, ref_c: torch.Tensor, ref_r: torch.Tensor, *,
                  beta: float, loss_type: str, label_smoothing: float) -> torch.Tensor:
-        from unirl.config.derived import algorithm_section
+        from unirl.trainers import Recipe
 
-        trainer = self._trainer(algorithm_section(beta=beta, dpo_loss=loss_type, label_smoothing=label_smoothing), 1, 1,
+        trainer = self._trainer(Recipe.algorithm_section(beta=beta, dpo_loss=loss_type, label_smoothing=label_smoothing), 1, 1,
                                 stage_type="dpo")
         trainer.precompute_ref_logps = True
         losses = []

@@ -7,7 +7,7 @@ into :class:`~unirl.testing.results.CheckResult` rows. The oracle is the protoco
 contract plus what the author declares: a reward's table of inputs and expected scores and the
 option changes that must change a score; a buffer's selection order.
 
-Components are built exactly as a run builds them (:func:`unirl.components.build_component`),
+Components are built exactly as a run builds them (:func:`unirl.builders.build_component`),
 with a :class:`~unirl.protocols.BuildContext` holding the real tiny tokenizer, so a component
 that counts tokens can be tested.
 """
@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from unirl.protocols import BuildContext
+from unirl.protocols import BuildContext, DeclaredRange
 from unirl.testing.results import CheckResult
 
 #: One reward table row: (prompt, completion, task fields, expected reward).
@@ -45,8 +45,8 @@ def kit_context(recipe: Any, **fields: Any) -> BuildContext:
 def make_component(kind: str, name: str, options: dict[str, Any] | None = None, *, host: Any = None,
                    ctx: BuildContext | None = None, recipe_overrides: Sequence[str] = ()) -> Any:
     """Build a registered component exactly as a recipe would (options validated by its config
-    class), through the run's own builder, :func:`unirl.components.build_component`."""
-    from unirl.components import build_component
+    class), through the run's own builder, :func:`unirl.builders.build_component`."""
+    from unirl.builders import build_component
     from unirl.config import load_recipe
     from unirl.plugin_manager import get_plugin_host
 
@@ -61,7 +61,7 @@ def make_component(kind: str, name: str, options: dict[str, Any] | None = None, 
 
 def declared_range(fn: Any) -> tuple[float, float] | None:
     """The ``reward_range`` a reward declares (``(low, high)``), or None: then only finiteness is checked."""
-    rng = getattr(fn, "reward_range", None)
+    rng = fn.reward_range if isinstance(fn, DeclaredRange) else None
     return None if rng is None else (float(rng[0]), float(rng[1]))
 
 

@@ -1,7 +1,7 @@
 """Trainer mode for ``backend=verl``: each ``rl`` stage is a run of verl's own ``main_ppo`` (GPU).
 
 ``unirl run RECIPE backend=verl backend_options.mode=trainer``. :class:`VerlMainPPO` prepares
-a stage with :func:`unirl_backends.verl.launch.prepare_stage` and runs
+a stage with :func:`unirl_backends.verl.stage_command.prepare_stage` and runs
 ``python -m verl.trainer.main_ppo OVERRIDES`` (core: :mod:`unirl.subprocess_stage`). Metrics
 come from verl's console logger, one line per training step (``verl/utils/tracking.py``
 ``LocalLogger`` -> ``concat_dict_to_str``: ``step:3 - actor/pg_loss:0.1 - critic/score/mean:0.5``,
@@ -24,7 +24,7 @@ from typing import Any
 
 from unirl import metrics as M
 from unirl.errors import RunError
-from unirl.subprocess_stage import StageLaunch, Step, SubprocessStageRunner, number
+from unirl.frameworks import SubprocessStageRunner
 
 #: verl metric name -> unirl's shared name. verl's ``critic/score`` is the reward function's
 #: score (``critic/rewards`` has the KL penalty subtracted); ``perf/throughput`` is per GPU.
@@ -46,7 +46,7 @@ METRICS = {
 _STEP = re.compile(r"(?:^|[\s)])step:(\d+) - (.*)$")
 
 
-def parse_console_line(line: str) -> Step | None:
+def parse_console_line(line: str) -> tuple[int, dict[str, float]] | None:
     """``(step, {name: value})`` from one line of verl's console logger, or None."""
     match = _STEP.search(line)
     if match is None:
@@ -54,7 +54,7 @@ def parse_console_line(line: str) -> Step | None:
     raw = {}
     for part in match.group(2).split(" - "):
         name, sep, value = part.partition(":")
-        parsed = number(value) if sep else None
+        parsed = SubprocessStageRunner.Console.number(value) if sep else None
         if parsed is not None:
             raw[name.strip()] = parsed
     return (int(match.group(1)), raw) if raw else None
@@ -65,8 +65,8 @@ class VerlMainPPO(SubprocessStageRunner):
 
     framework = "verl"
 
-    def launch(self, stage: Any, model_path: str, task: Any) -> StageLaunch:
-        from unirl_backends.verl.launch import main_ppo_command, prepare_stage
+    def launch(self, stage: Any, model_path: str, task: Any) -> SubprocessStageRunner.Launch:
+        from unirl_backends.verl.stage_command import main_ppo_command, prepare_stage
 
         overrides = prepare_stage(self.recipe, stage, model_path=model_path, out=self.out, options=self.options,
                                   task=task)
@@ -80,7 +80,7 @@ class VerlMainPPO(SubprocessStageRunner):
             return {M.TOKENS_GENERATED: mean * sequences} if mean is not None else {}
 
         strategy = self.options.get("strategy", "fsdp2")
-        return StageLaunch(cmd=main_ppo_command(overrides), model_dir=model_dir, table=METRICS,
+        return SubprocessStageRunner.Launch(cmd=main_ppo_command(overrides), model_dir=model_dir, table=METRICS,
                            parse_line=parse_console_line, env=env, derive=derive, fresh=(checkpoints, model_dir),
                            collect=lambda: collect_hf_model(checkpoints, model_dir, strategy))
 

@@ -1,7 +1,7 @@
 """Prepare one ``rl`` or ``dpo`` stage for OpenRLHF's own entry points (trainer mode).
 
 Trainer mode is ``unirl run RECIPE backend=openrlhf backend_options.mode=trainer``
-(:class:`unirl_backends.openrlhf.framework.OpenRLHFEntryPoints`). For each stage,
+(:class:`unirl_backends.openrlhf.trainer_mode.OpenRLHFEntryPoints`). For each stage,
 :func:`prepare_stage` writes into ``run.dir/openrlhf/``: the stage's rows as JSON lines
 (``data/NAME.jsonl``: ``prompt`` and ``answer`` for rl; ``prompt``, ``chosen``, ``rejected`` for
 dpo), ``recipe.yaml`` (the recipe with its model pinned, read by the reward hook) and, for rl,
@@ -37,13 +37,11 @@ def reward_func_from_recipe(recipe_path: str) -> Any:
     def parts() -> tuple[Any, str]:
         with lock:
             if not cache:
-                from unirl.config import load_recipe
-                from unirl.models.loading import load_tokenizer
-                from unirl.rewards import build_reward
+                from unirl.trainers import HFModels, Recipe
 
-                recipe = load_recipe(recipe_path)
-                cache["fn"] = build_reward(recipe)
-                cache["eos"] = load_tokenizer(str(recipe.model.path)).eos_token or ""
+                recipe = Recipe.load(recipe_path)
+                cache["fn"] = Recipe.reward(recipe)
+                cache["eos"] = HFModels.load_tokenizer(str(recipe.model.path)).eos_token or ""
         return cache["fn"], cache["eos"]
 
     def reward_func(queries: Sequence[str], prompts: Sequence[str], labels: Sequence[Any], **_: Any) -> dict:
@@ -61,9 +59,9 @@ def reward_func_from_recipe(recipe_path: str) -> Any:
 
 
 def _rows(recipe: Any, stage: Any, task: Any = None) -> list[dict[str, Any]]:
-    from unirl.components import build_component
+    from unirl.trainers import Recipe
 
-    task = task if task is not None else build_component(recipe, "task", "task")
+    task = task if task is not None else Recipe.build(recipe, "task", "task")
     examples = task.sample(stage.steps * stage.batch_size)
     if stage.type == "dpo":
         return [{"prompt": ex.prompt, "chosen": ex.completion, "rejected": ex.rejected} for ex in examples]
@@ -111,13 +109,13 @@ def prepare_stage(recipe: Any, stage: Any, *, model_path: str, out: Path, option
                         model_path=model_path, data_path=str(data), seed=recipe.seed, zero_stage=zero, options=options,
                         environment=recipe.environment)
         (out / "reward_func.py").write_text(
-            '"""OpenRLHF custom reward for this unirl recipe (written by unirl_backends.openrlhf.launch)."""\n'
-            "from unirl_backends.openrlhf.launch import reward_func_from_recipe\n\n"
+            '"""OpenRLHF custom reward for this unirl recipe (written by unirl_backends.openrlhf.stage_command)."""\n'
+            "from unirl_backends.openrlhf.stage_command import reward_func_from_recipe\n\n"
             f"reward_func = reward_func_from_recipe({str(out / 'recipe.yaml')!r})\n")
         if recipe.environment.get("name") is not None:  # the environment as OpenRLHF's agent function
             (out / "agent_func.py").write_text(
                 '"""OpenRLHF agent function for this unirl recipe\'s environment (written by '
-                'unirl_backends.openrlhf.launch)."""\n'
+                'unirl_backends.openrlhf.stage_command)."""\n'
                 "from unirl_backends.openrlhf.agent import executor_class\n\n"
                 f"AgentExecutor = executor_class({str(out / 'recipe.yaml')!r})\n")
             argv += ["--train.agent_func_path", str(out / "agent_func.py")]

@@ -1,7 +1,7 @@
 """Prepare one ``rl`` stage for verl's own ``main_ppo`` (trainer mode).
 
 Trainer mode is ``unirl run RECIPE backend=verl backend_options.mode=trainer``
-(:class:`unirl_backends.verl.framework.VerlMainPPO`). For each stage, :func:`prepare_stage`
+(:class:`unirl_backends.verl.trainer_mode.VerlMainPPO`). For each stage, :func:`prepare_stage`
 writes into ``run.dir/verl/``: the stage's prompts as verl's parquet rows (``data/NAME.parquet``:
 ``data_source``, ``prompt`` as chat messages, ``reward_model.ground_truth``, ``extra_info``),
 ``recipe.yaml`` (the recipe with its model pinned, read by the reward hook) and ``reward.py``
@@ -35,9 +35,9 @@ def write_task_rows(recipe: Any, stage: Any, path: Path, task: Any = None) -> in
     from the recipe), as verl's parquet rows."""
     import pandas as pd
 
-    from unirl.components import build_component
+    from unirl.trainers import Recipe
 
-    task = task if task is not None else build_component(recipe, "task", "task")
+    task = task if task is not None else Recipe.build(recipe, "task", "task")
     agent = {"agent_name": AGENT_NAME} if recipe.environment.get("name") is not None else {}
     rows = [{"data_source": ex.meta.get("data_source", recipe.task.name), "prompt": [{"role": "user", "content": ex.prompt}],
              "ability": "unirl", "reward_model": {"style": "rule", "ground_truth": ex.answer},
@@ -71,7 +71,7 @@ def write_reward_files(recipe: Any, model_path: str, out: Path) -> Path:
     (out / "recipe.yaml").write_text("# written by unirl for verl's reward hook (reward.py); not a recipe to run\n"
                                      + OmegaConf.to_yaml(pinned))
     (out / "reward.py").write_text(
-        '"""verl custom reward function for this unirl recipe (written by unirl_backends.verl.launch)."""\n'
+        '"""verl custom reward function for this unirl recipe (written by unirl_backends.verl.stage_command)."""\n'
         "from unirl.rewards import score_fn_from_recipe\n\n"
         f"compute_score = score_fn_from_recipe({str(out / 'recipe.yaml')!r})\n")
     return out / "reward.py"

@@ -2,7 +2,7 @@
 each ``dpo`` stage of ``train_dpo`` (GPU).
 
 ``unirl run RECIPE backend=openrlhf backend_options.mode=trainer``. :class:`OpenRLHFEntryPoints`
-prepares a stage with :func:`unirl_backends.openrlhf.launch.prepare_stage` and runs its command
+prepares a stage with :func:`unirl_backends.openrlhf.stage_command.prepare_stage` and runs its command
 (core: :mod:`unirl.subprocess_stage`). Metrics:
 
 - rl: the line ``PPOTrainer.fit`` logs after every step (``openrlhf/trainer/ppo_trainer.py``:
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from unirl import metrics as M
-from unirl.subprocess_stage import StageLaunch, Step, SubprocessStageRunner, TensorboardScalars, literal_metrics
+from unirl.frameworks import SubprocessStageRunner
 
 #: train_ppo_ray's step status -> unirl's shared names (``rollout/*`` are the rewards and lengths
 #: before any dynamic filtering; ``entropy_loss`` is the token-mean entropy the bonus uses)
@@ -49,12 +49,12 @@ DPO_METRICS = {
 _PPO_STEP = re.compile(r"Global step (\d+): (\{.*\})\s*$")
 
 
-def parse_ppo_line(line: str) -> Step | None:
+def parse_ppo_line(line: str) -> tuple[int, dict[str, float]] | None:
     """``(step, {name: value})`` from ``PPOTrainer.fit``'s per-step log line, or None."""
     match = _PPO_STEP.search(line)
     if match is None:
         return None
-    raw = literal_metrics(match.group(2))
+    raw = SubprocessStageRunner.Console.literal(match.group(2))
     return (int(match.group(1)), raw) if raw else None
 
 
@@ -76,14 +76,14 @@ class OpenRLHFEntryPoints(SubprocessStageRunner):
 
     framework = "openrlhf"
 
-    def launch(self, stage: Any, model_path: str, task: Any) -> StageLaunch:
-        from unirl_backends.openrlhf.launch import prepare_stage
+    def launch(self, stage: Any, model_path: str, task: Any) -> SubprocessStageRunner.Launch:
+        from unirl_backends.openrlhf.stage_command import prepare_stage
 
         prepared = prepare_stage(self.recipe, stage, model_path=model_path, out=self.out, options=self.options,
                                  task=task)
         rl = stage.type == "rl"
-        return StageLaunch(cmd=prepared.cmd, model_dir=prepared.model_dir, table=PPO_METRICS if rl else DPO_METRICS,
+        return SubprocessStageRunner.Launch(cmd=prepared.cmd, model_dir=prepared.model_dir, table=PPO_METRICS if rl else DPO_METRICS,
                            parse_line=parse_ppo_line if rl else None,
-                           poll=TensorboardScalars(prepared.tensorboard_dir, prefix="train/"),
+                           poll=SubprocessStageRunner.Console.tensorboard(prepared.tensorboard_dir, prefix="train/"),
                            derive=derive_ppo if rl else derive_dpo,
                            fresh=(prepared.model_dir, prepared.tensorboard_dir, prepared.checkpoints))
