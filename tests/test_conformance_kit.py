@@ -156,15 +156,17 @@ def test_a_reference_backend_is_reported_as_the_reference_not_as_passes(wrong_pl
 
 @pytest.mark.slow
 def test_native_passes_every_level_from_the_cli(tmp_path):
+    """The CLI's table, JSON and summary over L0..L2; native's L3 (learns, resume) and L4 run once, in its
+    conformance file (conformance_tests/test_native.py), not again here."""
     out = tmp_path / "native.json"
-    proc = run_cli("conformance", "--backend", "native", "--json", str(out))
+    proc = run_cli("conformance", "--backend", "native", "--level", "L0..L2", "--json", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
     assert data["summary"]["failed"] == 0 and data["summary"]["error"] == 0
-    assert {r["level"] for r in data["results"]} == {"L0", "L1", "L2", "L3"}
-    checked = [r for r in data["results"] if r["level"] in ("L2", "L3")]
+    assert {r["level"] for r in data["results"]} == {"L0", "L1", "L2"}
+    checked = [r for r in data["results"] if r["level"] == "L2"]
     assert checked and all(r["status"] == "passed" for r in checked)  # native claims everything: nothing skipped
-    assert {r["check"] for r in checked} >= {"rm_step", "critic_step", "learns", "resume"}
+    assert {r["check"] for r in checked} >= {"sft_step", "dpo_step", "rm_step", "critic_step"}
     reference = [r for r in data["results"] if r["level"] in ("L0", "L1")]
     assert all(r["status"] == "skipped" and r["reason"].startswith("reference:") for r in reference)
     for r in data["results"]:

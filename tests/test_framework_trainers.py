@@ -134,19 +134,19 @@ def test_openrlhf_rl_dry_run_writes_the_files_and_prints_the_command(openrlhf_rl
 
 def test_openrlhf_reward_hook_builds_the_recipe_reward_and_tokenizer_once(openrlhf_rl_dry_run, monkeypatch):
     import unirl.builders
-    import unirl.config
-    import unirl.models.loading
+    from unirl.trainers import HFModels, Recipe
 
     calls = {"load_recipe": 0, "build_component": 0, "load_tokenizer": 0}
-    for module, name in ((unirl.config, "load_recipe"), (unirl.builders, "build_component"),
-                         (unirl.models.loading, "load_tokenizer")):
-        original = getattr(module, name)
+    # what the hook calls: the kit's Recipe.load and HFModels.load_tokenizer, and the builder under Recipe.reward
+    for owner, attr, name in ((Recipe, "load", "load_recipe"), (unirl.builders, "build_component", "build_component"),
+                              (HFModels, "load_tokenizer", "load_tokenizer")):
+        original = getattr(owner, attr)
 
         def counted(*args, _original=original, _name=name, **kwargs):
             calls[_name] += 1
             return _original(*args, **kwargs)
 
-        monkeypatch.setattr(module, name, counted)
+        monkeypatch.setattr(owner, attr, staticmethod(counted) if isinstance(owner, type) else counted)
     _, run_dir = openrlhf_rl_dry_run
     out = run_dir / "openrlhf"
     reward = _load(out / "reward_func.py", "unirl_orl_reward_once")

@@ -171,7 +171,7 @@ def test_wrong_dual_clip_mapping_fails_l1(monkeypatch):
     has no dual clip, L1 catches the different loss."""
     from unirl.testing import l1_math
     from unirl.testing.context import KitContext
-    from unirl_backends.verl import math as verl_math
+    from unirl_backends.verl import algorithm_math as verl_math
 
     case = {c.id: c for c in l1_math.cases()}["policy_loss[algorithm.loss_agg=token_mean]"]
     assert case.run(KitContext("verl")).status == "passed"

@@ -55,5 +55,6 @@ def fill_varied_groups(first: RolloutBatch, groups_wanted: int, max_rounds: int,
             kept.append(d.select([i for i, x in enumerate(d.group_index.tolist()) if x == g]))
             filled += 1
     out = RolloutBatch.concat([k for k in kept if len(k)], pad_id)
-    return out, generated, {M.DYNAMIC_SAMPLING_DROPPED: float(n_dropped), M.DYNAMIC_SAMPLING_ROUNDS: float(len(generated)),
+    return out, generated, {M.DYNAMIC_SAMPLING_DROPPED: float(n_dropped),
+                            M.DYNAMIC_SAMPLING_ROUNDS: float(len(generated)),
                             M.DYNAMIC_SAMPLING_FILLED: float(filled)}

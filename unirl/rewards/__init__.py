@@ -39,7 +39,8 @@ def adapt_reward_fn(fn: Callable[..., Any], *, data_source: str = "unirl", polic
                     warn: Callable[[str], None] | None = None) -> CheckedReward:
     """``fn`` (TRL or verl style) as a checked TRL-style batch reward under ``policy``
     (default: ``on_error=fail``, in this process)."""
-    return CheckedReward(as_batch_fn(fn, data_source), reward_name(fn), fn.reward_range if isinstance(fn, DeclaredRange) else None,
+    declared = fn.reward_range if isinstance(fn, DeclaredRange) else None
+    return CheckedReward(as_batch_fn(fn, data_source), reward_name(fn), declared,
                          policy, warn)
 
 

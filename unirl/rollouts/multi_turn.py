@@ -197,7 +197,8 @@ class MultiTurnRollout:
 
     def _turn(self, active: list[Episode], params: SamplingParams, turn: int, last: bool) -> None:
         budget = self.policy.max_total_tokens
-        stops = list(dict.fromkeys([*params.stop, *(s for ep in active for s in (ep.env.stop if isinstance(ep.env, TurnStops) else []))]))
+        env_stops = (s for ep in active for s in (ep.env.stop if isinstance(ep.env, TurnStops) else []))
+        stops = list(dict.fromkeys([*params.stop, *env_stops]))
         room = max(budget - len(ep.response_ids) for ep in active)
         turn_params = replace(params, n=1, stop=stops, max_new_tokens=min(params.max_new_tokens, room))
         seeds = [episode_seed(self.seed, ep.group, ep.sample, turn) for ep in active]

@@ -158,7 +158,8 @@ class DeepSpeedRank(ReferenceTrainer):
 
     def optimizer_state(self, name: str) -> dict[str, Any]:
         """Model ``name``'s optimizer as torch's AdamW holds it in one process (collective)."""
-        return DeepSpeedStepper.full_optimizer_state(self.models.steppers[name], self._trained_params(name), self.recipe.model.dtype)
+        return DeepSpeedStepper.full_optimizer_state(self.models.steppers[name], self._trained_params(name),
+                                                     self.recipe.model.dtype)
 
     def load_optimizer_state(self, name: str, sd: dict[str, Any]) -> None:
         DeepSpeedStepper.load_full_optimizer_state(self.models.steppers[name], self._trained_params(name), sd)

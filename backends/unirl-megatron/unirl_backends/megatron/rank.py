@@ -191,7 +191,8 @@ class MegatronRank(ReferenceTrainer):
         parts = self.models.micro_batches(len(batch))
         kept = self._schedule(name, batch.input_ids, batch.attention_mask, parts,
                               lambda logits, k: (logits.sum() * 0,
-                                                 {"logp": Objectives.token_logprobs(logits, batch.input_ids[parts[k]])}),
+                                                 {"logp": Objectives.token_logprobs(logits,
+                                                                                     batch.input_ids[parts[k]])}),
                               forward_only=True)
         return torch.cat([k["logp"] for k in kept]) if self.reporter else None
 
@@ -240,7 +241,8 @@ class MegatronRank(ReferenceTrainer):
 
     def _policy_step(self, batch: Any, lr: float) -> dict[str, float] | None:
         mask = batch.response_mask[:, 1:].float()
-        normaliser = Objectives.step_normaliser(mask, self.recipe.algorithm.loss_agg, norm_length=Recipe.loss_norm_length(self.recipe))
+        normaliser = Objectives.step_normaliser(mask, self.recipe.algorithm.loss_agg,
+                                                norm_length=Recipe.loss_norm_length(self.recipe))
         n_tokens = float(mask.sum().clamp(min=1))
         parts = self.models.micro_batches(len(batch))
 
@@ -260,8 +262,9 @@ class MegatronRank(ReferenceTrainer):
         from unirl.batch import on_device
         from unirl.trainers import MiniBatches
 
-        out = MiniBatches.run(on_device(batch, self.models.device), plan, lambda mb, lr: self._policy_step(mb, lr) or {},
-                               lambda mb, lr: self._critic_step(mb, lr) or {})
+        out = MiniBatches.run(on_device(batch, self.models.device), plan,
+                              lambda mb, lr: self._policy_step(mb, lr) or {},
+                              lambda mb, lr: self._critic_step(mb, lr) or {})
         return out if self.reporter else None
 
     # ------------------------------------------------------------------ state

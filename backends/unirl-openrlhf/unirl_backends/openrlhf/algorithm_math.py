@@ -154,7 +154,8 @@ class OpenRLHFMath:
     def overlong_penalty(self, lengths: torch.Tensor, max_new_tokens: int, buffer: int, factor: float) -> torch.Tensor:
         """``apply_overlong_penalty`` (trainer/ppo_utils/length_penalty.py), as the trainer calls it on its
         experiences (``--reward.overlong_buffer_len``), on one experience holding ``lengths`` and zero rewards."""
-        experience = types.SimpleNamespace(response_length=lengths, rewards=torch.zeros(len(lengths), dtype=torch.float64))
+        experience = types.SimpleNamespace(response_length=lengths,
+                                           rewards=torch.zeros(len(lengths), dtype=torch.float64))
         load().length_penalty.apply_overlong_penalty([experience], max_new_tokens, buffer, factor)
         return experience.rewards.float()
 

@@ -82,7 +82,8 @@ class OpenRLHFEntryPoints(SubprocessStageRunner):
         prepared = prepare_stage(self.recipe, stage, model_path=model_path, out=self.out, options=self.options,
                                  task=task)
         rl = stage.type == "rl"
-        return SubprocessStageRunner.Launch(cmd=prepared.cmd, model_dir=prepared.model_dir, table=PPO_METRICS if rl else DPO_METRICS,
+        return SubprocessStageRunner.Launch(cmd=prepared.cmd, model_dir=prepared.model_dir,
+                                            table=PPO_METRICS if rl else DPO_METRICS,
                            parse_line=parse_ppo_line if rl else None,
                            poll=SubprocessStageRunner.Console.tensorboard(prepared.tensorboard_dir, prefix="train/"),
                            derive=derive_ppo if rl else derive_dpo,

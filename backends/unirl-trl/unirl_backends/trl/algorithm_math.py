@@ -117,8 +117,8 @@ class TRLMath:
     def aggregate(self, loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, norm_length: int) -> torch.Tensor:
         from unirl.trainers import Recipe
 
-        trainer = self._trainer(Recipe.algorithm_section(loss_agg=mode, group_size=loss_mat.shape[0]), loss_mat.shape[0],
-                                norm_length)  # one group: aggregation does not depend on grouping
+        algo = Recipe.algorithm_section(loss_agg=mode, group_size=loss_mat.shape[0])
+        trainer = self._trainer(algo, loss_mat.shape[0], norm_length)  # one group: aggregation does not depend on grouping
         zeros = torch.zeros_like(loss_mat)
         return self._grpo_loss(trainer, zeros, zeros, None, -loss_mat, mask)
 
@@ -128,7 +128,8 @@ class TRLMath:
         if estimator != "k3" or clamp is not None:
             raise ValueError(f"TRL computes only k3 without a clamp (asked: {estimator}, clamp={clamp})")
         b, length = logp.shape
-        trainer = self._trainer(Recipe.algorithm_section(loss_agg="token_mean", kl_loss_coef=1.0, group_size=b), b, length)
+        algo = Recipe.algorithm_section(loss_agg="token_mean", kl_loss_coef=1.0, group_size=b)
+        trainer = self._trainer(algo, b, length)
         out = torch.zeros_like(logp)
         zeros = torch.zeros_like(logp)
         for i in range(b):
@@ -163,8 +164,8 @@ class TRLMath:
                  beta: float, loss_type: str, label_smoothing: float) -> torch.Tensor:
         from unirl.trainers import Recipe
 
-        trainer = self._trainer(Recipe.algorithm_section(beta=beta, dpo_loss=loss_type, label_smoothing=label_smoothing), 1, 1,
-                                stage_type="dpo")
+        algo = Recipe.algorithm_section(beta=beta, dpo_loss=loss_type, label_smoothing=label_smoothing)
+        trainer = self._trainer(algo, 1, 1, stage_type="dpo")
         trainer.precompute_ref_logps = True
         losses = []
         for i in range(pi_c.shape[0]):

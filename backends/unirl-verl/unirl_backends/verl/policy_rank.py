@@ -130,8 +130,8 @@ class PolicyRank:
         self.policy = self._worker()
         self.reference: Any = None
         algo = recipe.algorithm
-        self.actor = actor_config(algo, Recipe.loss_norm_length(recipe), micro_batch_size=recipe.trainer.micro_batch_size,
-                                  group_size=algo.group_size)
+        self.actor = actor_config(algo, Recipe.loss_norm_length(recipe),
+                                  micro_batch_size=recipe.trainer.micro_batch_size, group_size=algo.group_size)
         self.pad_token_id = pad_token_id
 
     def _worker(self) -> Any:

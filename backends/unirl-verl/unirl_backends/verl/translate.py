@@ -57,7 +57,8 @@ def ppo_overrides(recipe: Any, stage: Any, *, model_path: str, run_dir: str, opt
         "algorithm.kl_ctrl.type": "fixed", "algorithm.kl_ctrl.kl_coef": a.kl_reward_coef if kl_reward else 0.001,
         f"{actor}.strategy": options.get("strategy", "fsdp2"),
         f"{actor}.loss_agg_mode": LOSS_AGG[a.loss_agg],
-        f"{actor}.loss_scale_factor": Recipe.loss_norm_length(recipe) if a.loss_agg == "seq_mean_token_sum_norm" else None,
+        f"{actor}.loss_scale_factor":
+            Recipe.loss_norm_length(recipe) if a.loss_agg == "seq_mean_token_sum_norm" else None,
         f"{actor}.policy_loss.loss_mode": policy_loss_mode(a),
         f"{actor}.tau_pos": float(a.sapo_tau_pos), f"{actor}.tau_neg": float(a.sapo_tau_neg),
         f"{actor}.clip_ratio": clip_ratios(a)[0], f"{actor}.clip_ratio_low": clip_ratios(a)[0],
