@@ -81,10 +81,15 @@ class LocalRanks:
 
 
 def _serve(rank: int, world: int, port: int, conn: Any, factory: Callable[..., Any], args: tuple,
-           threads: int, collectives: bool = False) -> None:
-    """A rank process: build the worker, then answer calls until told to stop."""
+           threads: int, collectives: bool = False, environ: dict[str, str] | None = None) -> None:
+    """A rank process: build the worker, then answer calls until told to stop. ``environ``: the
+    starting process's environment when the rank was started (a fork server's child would otherwise
+    have the server's, from when the server started)."""
     import signal
 
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when the run stops
     try:
         import torch
@@ -114,23 +119,43 @@ def _serve(rank: int, world: int, port: int, conn: Any, factory: Callable[..., A
         dist.destroy_process_group()
 
 
+#: what the fork server imports once, before it forks any rank (with the first factory's module)
+PRELOAD = ("torch", "transformers")
+
+
+def _rank_context(factory: Callable[..., Any]) -> Any:
+    """Where rank processes start: a fork server (``multiprocessing``'s ``forkserver``) that imported
+    torch, transformers and the first rank factory's module once, so a rank starts in milliseconds
+    instead of importing them again for seconds as a spawned one does (5.5 s -> 0.04 s for two
+    Megatron ranks, measured); the fork server itself never touches a device. A rank process
+    receives the environment of the moment it is started (:func:`_serve`). Where the platform has
+    no fork server, ranks are spawned."""
+    import multiprocessing as mp
+
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([*PRELOAD, factory.__module__])  # read when the server starts: the first time
+    return ctx
+
+
 class SpawnedRanks(CountedRanks):
     """``world`` rank processes, one group; the driver is not a member. ``factory`` and ``args``
     must be picklable (a module-level function and plain data)."""
 
     def __init__(self, factory: Callable[..., Any], *args: Any, world: int, name: str = "trainer",
                  collectives: bool = False) -> None:
-        import multiprocessing as mp
 
         self.world, self.name, self.collectives = world, name, collectives
         self._start_counts()
-        ctx = mp.get_context("spawn")
+        ctx = _rank_context(factory)
         port, threads = free_port(), max(1, (os.cpu_count() or 1) // world)
         self.conns, self.procs = [], []
         for rank in range(world):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_serve, name=f"unirl-{name}-rank{rank}", daemon=True,
-                               args=(rank, world, port, child, factory, args, threads, collectives))
+                               args=(rank, world, port, child, factory, args, threads, collectives,
+                                     dict(os.environ)))
             proc.start()
             child.close()
             self.conns.append(parent)
