@@ -592,6 +592,12 @@ class DeclaredRange(Protocol):
     reward_range: tuple[float, float] | None
 
 
+def declared_range(fn: object) -> tuple[float, float] | None:
+    """The score range a reward function declares (:class:`DeclaredRange`), or None: the one place that
+    reads the optional member, for the reward wrappers, Ray's reward workers and the kit's checks."""
+    return fn.reward_range if isinstance(fn, DeclaredRange) else None
+
+
 # Environments
 
 

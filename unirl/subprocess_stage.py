@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from unirl.contract import MODES
 from unirl.distributed.env import DIST_ENV
 from unirl.errors import ConfigError, RunError
 from unirl.protocols import StageInputs
@@ -83,8 +84,6 @@ def missing_on_this_machine(what: str, packages: Iterable[str], *, fix: str) -> 
 
 # ------------------------------------------------------------------------------ dual-mode options
 
-#: ``backend_options.mode`` of a backend that runs both ways: unirl's loop on the framework's code, or its own
-MODES = ("engine", "trainer")
 
 
 def _option(options: Any, key: str, default: Any = None) -> Any:
@@ -100,7 +99,7 @@ def options_mode(options: Any) -> str:
 def mode_problem(mode: str, *, engine_does: str, trainer_does: str) -> str | None:
     """For a dual-mode backend's ``validate``: the message refusing a ``backend_options.mode`` other than
     engine or trainer, saying what each runs on this framework (``engine_does``, ``trainer_does``), or None."""
-    if mode in MODES:
+    if mode in MODES:  # a dual-mode backend's backend_options.mode: the run modes (unirl.contract)
         return None
     return (f"mode={mode!r}; allowed: 'engine' ({engine_does}), 'trainer' ({trainer_does}). Set "
             f"backend_options.mode=engine (the default) or trainer.")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from unirl.distributed.ray_pool import ActorBody, ActorPool
-from unirl.protocols import DeclaredRange
+from unirl.protocols import declared_range
 
 
 class RewardWorker(ActorBody):
@@ -31,7 +31,7 @@ class RewardWorker(ActorBody):
         torch.set_num_threads(threads)
         cfg = OmegaConf.create(recipe)
         fn = build_component(cfg, "reward", "reward", worker_context(cfg, run_dir, model_path))
-        self.reward_range = fn.reward_range if isinstance(fn, DeclaredRange) else None
+        self.reward_range = declared_range(fn)
         self.name = getattr(fn, "__qualname__", type(fn).__name__)
         self.fn = as_batch_fn(fn, data_source=str(cfg.task.name))
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from unirl.errors import ConfigError, did_you_mean
-from unirl.protocols import DeclaredRange
+from unirl.protocols import declared_range
 from unirl.rewards.checked import VERL_PARAMS, CheckedReward, _is_verl_style, as_batch_fn, reward_name
 from unirl.rewards.policy import RewardPolicy
 
@@ -39,8 +39,7 @@ def adapt_reward_fn(fn: Callable[..., Any], *, data_source: str = "unirl", polic
                     warn: Callable[[str], None] | None = None) -> CheckedReward:
     """``fn`` (TRL or verl style) as a checked TRL-style batch reward under ``policy``
     (default: ``on_error=fail``, in this process)."""
-    declared = fn.reward_range if isinstance(fn, DeclaredRange) else None
-    return CheckedReward(as_batch_fn(fn, data_source), reward_name(fn), declared,
+    return CheckedReward(as_batch_fn(fn, data_source), reward_name(fn), declared_range(fn),
                          policy, warn)
 
 

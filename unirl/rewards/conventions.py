@@ -28,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from unirl.protocols import DeclaredRange
+from unirl.protocols import declared_range
 
 #: the field a conversational prompt's messages reach rewards in (set by the dataset task)
 PROMPT_MESSAGES = "prompt_messages"
@@ -60,7 +60,7 @@ class _Convention:
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
-        self.reward_range = fn.reward_range if isinstance(fn, DeclaredRange) else None
+        self.reward_range = declared_range(fn)
         self.__qualname__ = getattr(fn, "__qualname__", type(fn).__name__)
         self.__name__ = getattr(fn, "__name__", self.__qualname__)
         self.__wrapped__ = fn

@@ -21,7 +21,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from unirl.protocols import BuildContext, DeclaredRange
+from unirl.protocols import BuildContext
+from unirl.protocols import declared_range as _declared
 from unirl.testing.results import CheckResult
 
 #: One reward table row: (prompt, completion, task fields, expected reward).
@@ -61,7 +62,7 @@ def make_component(kind: str, name: str, options: dict[str, Any] | None = None, 
 
 def declared_range(fn: Any) -> tuple[float, float] | None:
     """The ``reward_range`` a reward declares (``(low, high)``), or None: then only finiteness is checked."""
-    rng = fn.reward_range if isinstance(fn, DeclaredRange) else None
+    rng = _declared(fn)
     return None if rng is None else (float(rng[0]), float(rng[1]))
 
 
