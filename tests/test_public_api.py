@@ -125,7 +125,7 @@ LAYERS = [
      "unirl.loggers", "unirl.checkpoint", "unirl.distributed", "unirl.builtin_plugin", "unirl.engine.collate"],
     ["unirl.engine", "unirl.subprocess_stage", "unirl.export", "unirl.importing"],
     ["unirl.bench", "unirl.testing", "unirl.cli", "unirl.__main__", "unirl.explain",
-     "unirl.ops", "unirl.trainers", "unirl.frameworks"],
+     "unirl.ops", "unirl.trainers", "unirl.frameworks", "unirl.serve"],
 ]
 
 

@@ -126,6 +126,44 @@ class PairBatch:
         return len(self.sequences) // 2
 
 
+@dataclass
+class TokenLossBatch:
+    """Sequences trained with a per-token loss summed over tokens (the Tinker API's
+    ``forward_backward``: :mod:`unirl.algorithms.tinker_losses`). Right-padded; ``inputs`` and
+    ``loss_mask`` are on the target grid ``[B, T-1]`` (zero past each row), ``loss`` one of
+    ``tinker_losses.LOSS_FNS`` with its completed ``config``. A trainer computes the policy's
+    log-prob of every target token (``Objectives.target_logprobs(logits, batch.targets)``) and calls
+    ``Objectives.token_loss(batch, logp, rows)``."""
+
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    loss_mask: torch.Tensor  # [B, T-1] 1 on each row's loss positions
+    #: [B, T-1] long: the token each slot scores (the next input token, except where a client asks for
+    #: another, e.g. tinker-cookbook's 0 over a prompt it does not train on)
+    targets: torch.Tensor
+    loss: str
+    config: dict[str, float] = field(default_factory=dict)
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [B, T-1]
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @staticmethod
+    def result(logprobs: torch.Tensor, metrics: dict[str, float]) -> TokenLossResult:
+        """What ``forward_backward`` returns (a backend builds it here: no import needed)."""
+        return TokenLossResult(logprobs=logprobs, metrics=metrics)
+
+
+@dataclass
+class TokenLossResult:
+    """What a ``TokenLossSteps.forward_backward`` call gives back: the policy's log-prob of every
+    target token ``[B, T-1]`` (detached, on the CPU, zero past each row) and the loss's sums
+    (``loss:sum`` and the loss's own statistics, :mod:`unirl.algorithms.tinker_losses`)."""
+
+    logprobs: torch.Tensor
+    metrics: dict[str, float]
+
+
 def on_device(batch: Any, device: torch.device) -> Any:
     """``batch`` (a :class:`RolloutBatch`, :class:`SFTBatch` or :class:`PairBatch`) with every
     tensor on ``device``; the batch itself when they already are (on the CPU: no copy)."""
@@ -134,6 +172,9 @@ def on_device(batch: Any, device: torch.device) -> Any:
         value = getattr(batch, f.name)
         if isinstance(value, torch.Tensor) and value.device != device:
             changes[f.name] = value.to(device)
+        elif isinstance(value, dict) and any(isinstance(v, torch.Tensor) and v.device != device
+                                             for v in value.values()):
+            changes[f.name] = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in value.items()}
         elif is_dataclass(value) and not isinstance(value, type):
             moved = on_device(value, device)
             if moved is not value:

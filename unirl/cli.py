@@ -316,6 +316,23 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return sweep(args.recipe, args.overrides, Path(args.dir))
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from unirl.serve import serve
+
+    key = args.api_key
+    if args.api_key_file is not None:
+        try:
+            key = Path(args.api_key_file).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"--api-key-file {args.api_key_file}: {exc.strerror}") from None
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: a port is 0..65535 (0: any free port)")
+    serve(args.recipe, args.overrides, host=args.host, port=args.port, api_key=key, model_name=args.model_name)
+    return 0
+
+
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
     from unirl.models.tiny import build_tiny_model
 
@@ -324,15 +341,34 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    """RECIPE and its key=value overrides, as every command taking a recipe reads them."""
+    parser.add_argument("recipe")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="unirl", description="One RL post-training recipe, any framework.")
     parser.add_argument("--version", action="version", version=f"unirl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run a recipe", description="Run RECIPE (YAML) with key=value overrides, e.g. "
                          "`unirl run configs/grpo_tiny.yaml backend=native trainer.lr=1e-3`.")
-    run.add_argument("recipe")
-    run.add_argument("overrides", nargs="*", metavar="key=value")
+    _recipe_arguments(run)
     run.set_defaults(func=_cmd_run)
+    srv = sub.add_parser("serve", help="the Tinker training and sampling API over RECIPE's backend (docs/tinker.md)",
+                         description="Serve the Tinker API (tinker SDK, tinker-cookbook) over RECIPE's engine-mode "
+                                     "backend, model and rollout engine, e.g. `unirl serve configs/grpo_tiny.yaml "
+                                     "backend=verl --port 8000`.")
+    _recipe_arguments(srv)
+    srv.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1; any other needs "
+                                                         "--api-key)")
+    srv.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0: any free port)")
+    keys = srv.add_mutually_exclusive_group()
+    keys.add_argument("--api-key", metavar="KEY", help="the key clients must send (X-API-Key, starting with tml-)")
+    keys.add_argument("--api-key-file", metavar="FILE", help="a file holding the key")
+    srv.add_argument("--model-name", metavar="NAME", help="the name clients ask for (base_model), e.g. a name "
+                                                          "tinker-cookbook knows (default: model.path)")
+    srv.set_defaults(func=_cmd_serve)
     plugins = sub.add_parser("plugins", help="list installed plugins and what they register")
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     plugins.set_defaults(func=_cmd_plugins)
@@ -382,6 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each backend again on each of these parallel layouts it runs, side by side with its own "
                         "(keys: dp, tp, pp, zero_stage, offload), e.g. --layouts dp=2 dp=2,zero_stage=3 tp=2; "
                         "each multi-rank entry runs once more with profile.collectives=true for its comm columns")
+    b.add_argument("--tinker", action="store_true",
+                   help="the Tinker API's own cost instead: each backend's SFT and RL step driven by the SDK against "
+                        "unirl serve on loopback, against the same trainer calls in process (docs/tinker.md)")
     b.add_argument("--rollouts", metavar="A,B",
                    help="each backend again with each of these rollout engines (e.g. --rollouts hf_generate,vllm): "
                         "a generation table per engine (generate tokens/s, first batch, weight push, log-prob gap)")
@@ -412,8 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="For each framework, every semantic knob whose default differs from RECIPE, the "
                                     "formula's section in docs/semantics.md and the measured effect of the default on "
                                     "one reference step (loss and parameter difference).")
-    ex.add_argument("recipe")
-    ex.add_argument("overrides", nargs="*", metavar="key=value")
+    _recipe_arguments(ex)
     ex.add_argument("--backends", default="verl,openrlhf,trl", help="frameworks whose defaults to compare (backends "
                                                                    "with an importer)")
     ex.add_argument("--json", metavar="PATH", help="also write the differences as JSON")

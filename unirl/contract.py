@@ -52,6 +52,7 @@ from unirl.protocols import (
     StageRunner,
     Task,
     TokenGenerator,
+    TokenLossSteps,
 )
 
 #: the contract this unirl speaks
@@ -86,7 +87,7 @@ CHANGES: dict[int, tuple[str, ...]] = {
 #: optional protocols whose methods a part may also define, checked by signature with its protocol's
 OPTIONAL_PROTOCOLS: dict[type, tuple[type, ...]] = {
     Backend: (ConfigTranslator, DirectBaselines),
-    EngineTrainer: (RankMetrics,),
+    EngineTrainer: (RankMetrics, TokenLossSteps),
     StageRunner: (RankMetrics, FixedBatchSteps),
     RolloutEngine: (CountedCalls, Closeable, TokenGenerator),
 }

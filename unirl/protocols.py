@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from unirl.batch import PairBatch, RolloutBatch, SFTBatch
+    from unirl.batch import PairBatch, RolloutBatch, SFTBatch, TokenLossBatch, TokenLossResult
 
 
 @dataclass
@@ -262,6 +262,25 @@ class UpdatePlan:
         return [order[k * per:(k + 1) * per] for order in self.orders for k in range(self.mini_batches)]
 
 
+@dataclass(frozen=True)
+class AdamStep:
+    """One optimizer step of the gradient summed since the last (the Tinker API's ``optim_step``):
+    AdamW with these settings for this step (decoupled weight decay, as ``torch.optim.AdamW``),
+    the global gradient norm clipped to ``grad_clip`` first (None: not clipped)."""
+
+    lr: float
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip: float | None = None
+
+    def apply(self, optimizer: Any) -> None:
+        """Set this step's settings on every param group of a torch-style optimizer."""
+        for group in optimizer.param_groups:
+            group.update(lr=self.lr, betas=(self.beta1, self.beta2), eps=self.eps, weight_decay=self.weight_decay)
+
+
 # -------------------------------------------------------------------------------------------
 # Trainers
 # -------------------------------------------------------------------------------------------
@@ -313,6 +332,19 @@ class EngineTrainer(TrainerBase, Protocol):
 
     def policy_module(self) -> Any:
         """The in-process policy module a same-process rollout may share, or None."""
+
+
+@runtime_checkable
+class TokenLossSteps(Protocol):
+    """An engine trainer that sums the gradient of per-token losses over calls and steps it when
+    asked: what ``unirl serve`` (the Tinker API) needs of a backend. ``forward_backward`` adds the
+    gradient of ``batch``'s loss (a sum over tokens: nothing divided by micro-batch or call counts)
+    to the policy's, or only scores with ``forward_only``; ``optim_step`` steps the sum and clears
+    it, returning at least ``grad/norm`` (before clipping)."""
+
+    def forward_backward(self, batch: TokenLossBatch, *, forward_only: bool = False) -> TokenLossResult: ...
+
+    def optim_step(self, step: AdamStep) -> dict[str, float]: ...
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from unirl.algorithms.aggregation import aggregate_loss, step_normaliser
 from unirl.algorithms.kl import kl_estimate
 from unirl.algorithms.policy_loss import clipped_value_loss, policy_loss_matrix, sft_token_loss, token_logprobs
 from unirl.algorithms.preference import dpo_loss, pairwise_reward_loss
+from unirl.algorithms.tinker_losses import batch_loss, reads_logprob, target_logprobs
+from unirl.algorithms.tinker_losses import token_loss as tinker_token_loss
 from unirl.config.derived import loss_norm_length
 
 
@@ -104,7 +106,9 @@ class Objectives:
     """unirl's reference losses as a backend computing its own forward calls them (the kit's
     ``unirl.trainers.Objectives``): the per-micro-batch objectives above, the token log-probs and SFT
     token loss they take, the step-global normaliser of ``loss_agg`` (``step_normaliser``) with its
-    fixed length (``loss_norm_length``), and the token-level rewards of in-reward KL."""
+    fixed length (``loss_norm_length``), the token-level rewards of in-reward KL, and the Tinker API's
+    summed per-token losses (:mod:`unirl.algorithms.tinker_losses`: ``token_loss`` of a
+    ``TokenLossBatch``'s rows, ``token_loss_of`` on tensors a backend laid out itself)."""
 
     policy = staticmethod(policy_objective)
     value = staticmethod(value_objective)
@@ -116,3 +120,7 @@ class Objectives:
     step_normaliser = staticmethod(step_normaliser)
     loss_norm_length = staticmethod(loss_norm_length)
     token_level_rewards = staticmethod(token_level_rewards)
+    token_loss = staticmethod(batch_loss)
+    token_loss_of = staticmethod(tinker_token_loss)
+    target_logprobs = staticmethod(target_logprobs)
+    reads_logprob = staticmethod(reads_logprob)

@@ -31,6 +31,8 @@ def run_bench(args: argparse.Namespace) -> int:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     if not backends:
         raise UsageError("--backends is empty: name one or more installed backends, e.g. --backends native,trl.")
+    if args.tinker:
+        return _tinker_bench(args, backends)
     plain = list(backends)
     backends += _layout_entries(args, plain)
     backends += _variant_entries(args, plain)
@@ -185,3 +187,39 @@ def _plot(kind: str, result: object, path: str) -> None:
     from unirl.bench import plot
 
     (plot.plot_sweep if kind == "sweep" else plot.plot_bench)(result, path)
+
+
+def _tinker_bench(args: argparse.Namespace, backends: list[str]) -> int:
+    """``--tinker``: the Tinker API's own cost per backend (:mod:`unirl.bench.tinker_api`)."""
+    import importlib.util
+    import tempfile
+    from pathlib import Path
+
+    from unirl.config import load_recipe
+    from unirl.contract import run_mode
+    from unirl.plugin_manager import get_plugin_host
+    from unirl.progress import make_console
+
+    if importlib.util.find_spec("tinker") is None:
+        raise UsageError("--tinker drives unirl serve with the official Tinker SDK, which is not installed: "
+                         "pip install 'unirl[serve]'")
+    if args.repeat < 1:
+        raise UsageError(f"--repeat={args.repeat} must be >= 1.")
+    host = get_plugin_host()
+    for name in backends:  # every user error before any server starts
+        recipe = load_recipe(args.recipe, [*args.overrides, f"backend={name}"], host=host)
+        if run_mode(recipe, host.registry.get("backend", name)) != "engine":
+            raise UsageError(f"--tinker: backend {name!r} runs in trainer mode and does not serve the Tinker API")
+    from unirl.bench.tinker_api import measure, print_results
+
+    console = make_console()
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="unirl-bench-tinker-"))
+    results = []
+    for name in backends:
+        console.print(f"{name}: serving the recipe and driving it with the SDK ({args.repeat} rounds) ...",
+                      highlight=False)
+        results.append(measure(args.recipe, list(args.overrides), name, repeat=args.repeat, workdir=workdir / name))
+    print_results(results, console)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"tinker_api": results}, indent=2))
+    return 0

@@ -50,10 +50,13 @@ class Stepper:
     ``finish`` then raises :class:`FloatingPointError`.
     """
 
-    def __init__(self, engine: Any, gas: int, lr: float | None = None, *, mean: bool = True,
+    def __init__(self, engine: Any, gas: int | None, lr: float | None = None, *, mean: bool = True,
                  scale: float = 1.0) -> None:
+        """``gas=None``: as many backward passes as come until ``finish`` (the Tinker API's summed
+        calls, ``mean=False``), the boundary set by ``finish`` itself (one rank, ZeRO 0: nothing is
+        reduced at the boundary)."""
         micro = engine.train_micro_batch_size_per_gpu()
-        if engine.gradient_accumulation_steps() != gas:
+        if gas is not None and engine.gradient_accumulation_steps() != gas:
             engine.set_train_batch_size(micro * gas * engine.world_size)
         self.engine, self.gas, self.done, self.mean, self.scale = engine, gas, 0, mean, scale
         if lr is not None:
@@ -71,7 +74,9 @@ class Stepper:
     def finish(self, lr: float | None = None) -> float:
         from unirl.models.lifecycle import grad_norm
 
-        if self.done != self.gas:
+        if self.gas is None:
+            self.engine.set_gradient_accumulation_boundary(True)
+        elif self.done != self.gas:
             raise RuntimeError(f"{self.done} backward passes for a step of {self.gas} micro-batches")
         if lr is not None:
             self.set_lr(lr)
@@ -167,6 +172,26 @@ def load_full_optimizer_state(engine: Any, params: list[torch.nn.Parameter], sd:
             safe_set_full_fp32_param(param, sd["state"][i]["fp32"])
 
 
+def check_summed_steps(zero_stage: int, world: int) -> None:
+    """Gradients summed over calls until an optimizer step (the Tinker API) run on one rank at ZeRO
+    stage 0: ZeRO 1-3 and several ranks reduce gradients at DeepSpeed's accumulation boundary,
+    which only the step itself knows here. A ValueError naming the keys otherwise."""
+    if world != 1 or zero_stage != 0:
+        raise ValueError(f"parallel.zero_stage={zero_stage} on {world} rank(s): gradients summed over forward_backward "
+                         f"calls run on DeepSpeed engines at parallel.zero_stage=0 on one rank (ZeRO reduces them "
+                         f"at an accumulation boundary only optim_step knows)")
+
+
+def check_clip(recipe: Any, clip: float | None) -> None:
+    """A DeepSpeed engine clips at the ``gradient_clipping`` it was built with (``trainer.grad_clip``):
+    a step asking for another clip is refused, naming the setting to start with."""
+    built = recipe.trainer.grad_clip
+    if (clip or None) != (built or None):
+        raise ValueError(f"optim_step grad_clip_norm={clip or 0.0}: this backend's DeepSpeed engine clips at "
+                         f"trainer.grad_clip={built} (fixed when the engine is built); start the server with "
+                         f"trainer.grad_clip={clip if clip else 'null'}")
+
+
 class DeepSpeedStepper(Stepper):
     """The DeepSpeed glue of the backend kit (``unirl.trainers.DeepSpeedStepper``): a :class:`Stepper`,
     with the config and optimizer-state helpers every DeepSpeed-based backend shares."""
@@ -176,3 +201,5 @@ class DeepSpeedStepper(Stepper):
     adamw = staticmethod(adamw)
     full_optimizer_state = staticmethod(full_optimizer_state)
     load_full_optimizer_state = staticmethod(load_full_optimizer_state)
+    check_summed_steps = staticmethod(check_summed_steps)
+    check_clip = staticmethod(check_clip)

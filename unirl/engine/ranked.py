@@ -22,10 +22,11 @@ from typing import Any
 
 import torch
 
+from unirl.batch import TokenLossResult
 from unirl.metrics import ROLLOUT_LOGPROB_DIFF_MAX
 from unirl.models.loading import load_tokenizer
 from unirl.models.weights import WeightSync
-from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
+from unirl.protocols import AdamStep, BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
 
 #: Row values that are the same on every rank (the rest are each rank's share, added over ranks).
 STEP_CONSTANTS = frozenset({"grad/norm", "critic/grad_norm", "lr", "tokens/trained"})
@@ -77,6 +78,22 @@ class RankedTrainer:
 
     def update(self, batch: Any, plan: UpdatePlan) -> dict[str, float]:
         row = merge_rows(self.ranks.counted_call("update", batch=batch, plan=plan))
+        self.weights.updated()
+        return row
+
+    def forward_backward(self, batch: Any, *, forward_only: bool = False) -> TokenLossResult:
+        """:class:`unirl.protocols.TokenLossSteps` over the ranks: each scores (and back-propagates)
+        its share of the rows; the log-probs joined in rank order, the sums added."""
+        parts = [p for p in self.ranks.counted_call("forward_backward", batch=batch, forward_only=forward_only)
+                 if p is not None]
+        metrics: dict[str, float] = {}
+        for part in parts:
+            for key, value in part.metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + value
+        return TokenLossResult(logprobs=torch.cat([p.logprobs for p in parts]), metrics=metrics)
+
+    def optim_step(self, step: AdamStep) -> dict[str, float]:
+        row = merge_rows(self.ranks.counted_call("optim_step", step=step))
         self.weights.updated()
         return row
 

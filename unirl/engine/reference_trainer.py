@@ -29,12 +29,13 @@ from unirl.algorithms.objectives import (
     value_objective,
 )
 from unirl.algorithms.policy_loss import sft_token_loss, token_entropy, token_logprobs, token_logprobs_and_entropy
-from unirl.batch import PairBatch, RolloutBatch, SFTBatch, on_device
+from unirl.algorithms.tinker_losses import batch_loss, target_logprobs
+from unirl.batch import PairBatch, RolloutBatch, SFTBatch, TokenLossBatch, TokenLossResult, on_device
 from unirl.config.derived import loss_norm_length
 from unirl.engine.update import run_mini_batches
 from unirl.models.lifecycle import ModelSet, grad_norm
 from unirl.models.loading import load_tokenizer
-from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
+from unirl.protocols import AdamStep, BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
 
 
 @torch.no_grad()
@@ -105,6 +106,12 @@ class ReferenceTrainer:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def optimizer_settings(self, name: str, step: AdamStep) -> None:
+        """Give model ``name``'s optimizer ``step``'s AdamW settings (lr, betas, eps, weight decay)
+        before :meth:`optimizer_step` (an engine whose optimizer is not ``steppers[name]`` itself
+        overrides this)."""
+        step.apply(self.models.steppers[name])
 
     # ------------------------------------------------------------------ models
 
@@ -279,6 +286,45 @@ class ReferenceTrainer:
                 sums[k] = sums.get(k, 0.0) + float(v)
         sums["critic/grad_norm"] = self._finish_step("critic", lr)
         return sums
+
+    # ------------------------------------------------------------------ summed per-token losses (unirl serve)
+
+    def forward_backward(self, batch: TokenLossBatch, *, forward_only: bool = False) -> TokenLossResult:
+        """:class:`unirl.protocols.TokenLossSteps`: the policy's target log-probs and, unless
+        ``forward_only``, the gradient of the batch's summed loss added to the policy's (the
+        gradient already there is kept: ``optim_step`` steps the sum)."""
+        batch = on_device(batch, self.models.device)
+        logps, sums = [], {"loss:sum": 0.0}
+        for sl in self.models.micro_batches(len(batch), attention=batch.attention_mask):
+            with torch.set_grad_enabled(not forward_only):
+                logp = target_logprobs(self._logits("policy", batch.input_ids[sl], batch.attention_mask[sl]),
+                                       batch.targets[sl])
+                loss, stats = batch_loss(batch, logp, sl)
+            if not forward_only:
+                self.backward("policy", loss)
+            logps.append((logp.detach() * batch.loss_mask[sl]).cpu())
+            sums["loss:sum"] += float(loss.detach())
+            for key, value in stats.items():
+                sums[key] = sums.get(key, 0.0) + value
+        return TokenLossResult(logprobs=torch.cat(logps), metrics=sums)
+
+    def optim_step(self, step: AdamStep) -> dict[str, float]:
+        """:class:`unirl.protocols.TokenLossSteps`: one AdamW step of the summed gradient with
+        ``step``'s settings (through :meth:`optimizer_step`, which clips at ``trainer.grad_clip``:
+        set to ``step.grad_clip`` for this step)."""
+        from omegaconf import read_write
+
+        self.optimizer_settings("policy", step)
+        trainer = self.recipe.trainer
+        kept = trainer.grad_clip
+        with read_write(trainer):
+            trainer.grad_clip = step.grad_clip
+        try:
+            norm = self._finish_step("policy", step.lr)
+        finally:
+            with read_write(trainer):
+                trainer.grad_clip = kept
+        return {"grad/norm": norm, "lr": step.lr}
 
     # ------------------------------------------------------------------ state
 

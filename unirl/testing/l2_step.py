@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from unirl.config import choices
-from unirl.protocols import FixedBatchSteps
+from unirl.protocols import FixedBatchSteps, TokenLossSteps
 from unirl.testing.context import KitContext
 from unirl.testing.results import BOUNDS, Case, CheckResult, compare
 
@@ -155,6 +155,8 @@ def fixed_step(trainer: Any, stage_type: str, batch: Any, lr: float, *, critic: 
 
     from unirl.protocols import UpdatePlan
 
+    if stage_type == "token_loss":  # the Tinker API's calls: gradients summed over calls, then one step
+        return token_loss_steps(trainer, batch, lr)
     if isinstance(trainer, FixedBatchSteps):  # a stage runner's own step on a given batch
         return trainer.fixed_step(stage_type, batch, lr)
     if stage_type == "rl":
@@ -200,7 +202,11 @@ def _step_check(ctx: KitContext, name: str, knobs: dict[str, Any], overrides: li
         trainer = check_trainer(ctx.backend_object(recipe).build_trainer(BuildContext(
             recipe=recipe, run_dir=str(run_dir), model_path=str(ctx.tiny_model), tokenizer=tok)), f"backend {ctx.backend!r}")
         try:
-            trainer.begin_stage(stage)
+            if stage == "token_loss" and not isinstance(trainer, TokenLossSteps):
+                return CheckResult(name, level, "skipped", knobs, reason=f"backend {ctx.backend!r} has no "
+                                   f"forward_backward / optim_step (unirl.protocols.TokenLossSteps): it does not "
+                                   f"serve the Tinker API (unirl serve)")
+            trainer.begin_stage("sft" if stage == "token_loss" else stage)
             oracles = _oracles(ctx, recipe, trainer, scorers)
             batch = make_batch(tok, oracles, recipe)
             row = fixed_step(trainer, stage, copy.deepcopy(batch), LR, critic="critic" in scorers)
@@ -480,6 +486,68 @@ def _critic_case(ctx: KitContext, layout: tuple[str, ...] = ()) -> CheckResult:
                         Trained("critic", "loss/value", "critic/grad_norm", _value_loss)], layout)
 
 
+def token_loss_steps(trainer: Any, case: tuple[list[Any], Any], lr: float) -> dict[str, float]:
+    """The Tinker API's step through :class:`unirl.protocols.TokenLossSteps`: one ``forward_backward``
+    per batch of ``case`` (each a loss of :mod:`unirl.algorithms.tinker_losses`; the gradients sum),
+    then one ``optim_step`` with its AdamW settings at ``lr``; the summed ``loss:sum`` and ``grad/norm``."""
+    from dataclasses import replace
+
+    batches, step = case
+    total = sum(trainer.forward_backward(batch).metrics["loss:sum"] for batch in batches)
+    return {"loss:sum": total, **trainer.optim_step(replace(step, lr=lr))}
+
+
+def _token_loss_batches(tokenizer: Any, models: dict[str, Any], recipe: Any) -> tuple[list[Any], Any]:
+    """The kit's rl batch as one batch per Tinker loss (its response mask the loss positions, the
+    perturbed behaviour log-probs the sampler's ``logprobs``, its advantages; cross-entropy's
+    weights a ramp over the tokens), and the recipe's AdamW settings as an ``optim_step``'s."""
+    import torch
+
+    from unirl.algorithms.tinker_losses import CONFIG, LOSS_FNS, loss_config
+    from unirl.batch import TokenLossBatch
+    from unirl.protocols import AdamStep
+
+    rl = _rl_batch(tokenizer, models["policy"], _GroupAlgo(recipe.algorithm))
+    mask = rl.response_mask[:, 1:].float()
+    weights = mask * torch.linspace(0.5, 1.5, mask.shape[1])
+    batches = []
+    for name in LOSS_FNS:
+        given = {"beta": 0.05} if "beta" in CONFIG[name] else {}
+        inputs = {"weights": weights} if name == "cross_entropy" else {"logprobs": rl.old_logprobs,
+                                                                       "advantages": rl.advantages}
+        batches.append(TokenLossBatch(input_ids=rl.input_ids, attention_mask=rl.attention_mask, loss_mask=mask,
+                                      targets=rl.input_ids[:, 1:], loss=name, config=loss_config(name, given),
+                                      inputs=inputs))
+    t = recipe.trainer
+    return batches, AdamStep(lr=LR, beta1=t.beta1, beta2=t.beta2, eps=t.eps, weight_decay=t.weight_decay,
+                             grad_clip=t.grad_clip)
+
+
+def _token_losses(models: dict[str, Any], case: tuple[list[Any], Any], recipe: Any) -> Any:
+    from unirl.algorithms.tinker_losses import target_logprobs, token_loss
+
+    batches = case[0]
+    first = batches[0]
+    logp = target_logprobs(models["policy"](input_ids=first.input_ids, attention_mask=first.attention_mask).logits,
+                           first.targets)
+
+    def total(lp: Any) -> Any:
+        return sum(token_loss(b.loss, b.config, lp, b.inputs, b.loss_mask)[0] for b in batches)
+
+    loss = total(logp)
+    return loss, _sensitivity_scale(loss, total, logp)
+
+
+def _token_loss_case(ctx: KitContext, layout: tuple[str, ...] = ()) -> CheckResult:
+    """The Tinker API's losses (``unirl serve``): a ``forward_backward`` of each of the five on the
+    kit's batch, their gradients summed, one ``optim_step``; loss, norm and update against the oracle."""
+    if not ctx.claims("stages.type", "sft"):
+        return ctx.skip("token_loss_step", _level(layout), "stages.type", "sft")
+    return _step_check(ctx, "token_loss_step", {"loss_fn": "all five, summed"},
+                       ["stages=[{name: s, type: sft, steps: 1, batch_size: 8}]"], "token_loss", _token_loss_batches,
+                       [Trained("policy", "loss:sum", "grad/norm", _token_losses)], layout)
+
+
 def cases() -> list[Case]:
     return [*(Case(f"rl_step[algorithm.loss_agg={mode}]", "L2", partial(_rl_case, mode=mode))
               for mode in choices.LOSS_AGG),
@@ -487,7 +555,8 @@ def cases() -> list[Case]:
               for v in choices.POLICY_LOSSES if v != "ppo"),  # ppo: the loss_agg cases above
             Case("rl_step[model.lora]", "L2", _lora_case),
             *(Case(f"{stage}_step", "L2", partial(_stage_case, stage=stage)) for stage in ("sft", "dpo", "rm")),
-            Case("critic_step", "L2", _critic_case)]
+            Case("critic_step", "L2", _critic_case),
+            Case("token_loss_step", "L2", _token_loss_case)]
 
 
 #: algorithm keys an imported recipe's one-step check leaves at the kit's values: the step is one

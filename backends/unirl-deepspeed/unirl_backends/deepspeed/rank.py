@@ -151,6 +151,25 @@ class DeepSpeedRank(ReferenceTrainer):
     def optimizer_step(self, name: str, lr: float) -> torch.Tensor:
         return torch.tensor(self.steps.pop(name).finish(lr))
 
+    # ------------------------------------------------------------------ summed per-token losses (unirl serve)
+
+    def forward_backward(self, batch: Any, *, forward_only: bool = False) -> Any:
+        """The reference's, with the backward passes of every call until ``optim_step`` in one
+        open-ended DeepSpeed step (no 1/gas, the boundary set when it steps)."""
+        if not forward_only and "policy" not in self.steps:
+            DeepSpeedStepper.check_summed_steps(int(self.recipe.parallel.zero_stage), self.models.world)
+            self.steps["policy"] = DeepSpeedStepper(self.models.steppers["policy"], None, mean=False)
+        return super().forward_backward(batch, forward_only=forward_only)
+
+    def optim_step(self, step: Any) -> dict[str, float]:
+        DeepSpeedStepper.check_clip(self.recipe, step.grad_clip)
+        if "policy" not in self.steps:  # nothing summed since the last step
+            self.steps["policy"] = DeepSpeedStepper(self.models.steppers["policy"], None, mean=False)
+        return super().optim_step(step)
+
+    def optimizer_settings(self, name: str, step: Any) -> None:
+        step.apply(self.models.steppers[name].optimizer)  # the engine's AdamW (ZeRO: its wrapper's groups)
+
     # ------------------------------------------------------------------ state
 
     def _trained_params(self, name: str) -> list[torch.nn.Parameter]:

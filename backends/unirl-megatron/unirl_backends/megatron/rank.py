@@ -166,6 +166,27 @@ class MegatronRank(ReferenceTrainer):
         kept = self._schedule("policy", batch.input_ids, batch.attention_mask, parts, loss_fn, forward_only=False)
         return self._row(kept, {"grad/norm": self._finish_step("policy", lr), "lr": lr, "tokens/trained": n_tokens})
 
+    def forward_backward(self, batch: Any, *, forward_only: bool = False) -> Any:
+        """:class:`unirl.protocols.TokenLossSteps` through Megatron's schedule: a Tinker loss (the
+        kit's ``Objectives.token_loss``) on each micro-batch's logits; the gradient adds to the
+        buffers until ``optim_step`` (Megatron's ``finalize_model_grads`` there)."""
+        parts = self.models.micro_batches(len(batch))
+
+        def loss_fn(logits: torch.Tensor, k: int) -> Any:
+            logp = Objectives.target_logprobs(logits, batch.targets[parts[k]])
+            loss, stats = Objectives.token_loss(batch, logp, parts[k])
+            return loss, {"logp": logp.detach() * batch.loss_mask[parts[k]], "loss:sum": float(loss.detach()), **stats}
+
+        kept = self._schedule("policy", batch.input_ids, batch.attention_mask, parts, loss_fn, forward_only)
+        if not self.reporter:
+            return None
+        metrics: dict[str, float] = {}
+        for part in kept:
+            for key, value in part.items():
+                if key != "logp":
+                    metrics[key] = metrics.get(key, 0.0) + float(value)
+        return batch.result(torch.cat([part["logp"] for part in kept]).cpu(), metrics)
+
     def _seq_sums(self, logits: torch.Tensor, seqs: Any, rows: list[int]) -> torch.Tensor:
         return (Objectives.token_logprobs(logits, seqs.input_ids[rows]) * seqs.loss_mask[rows, 1:].float()).sum(-1)
 

@@ -41,6 +41,7 @@ class OpenRLHFTrainer:
         self.tokenizer = ctx.tokenizer or HFModels.load_tokenizer(ctx.model_path)
         self.models = ModelSet(self.recipe, ctx.model_path, self.tokenizer, self._deepspeed_engine)
         self.args = ppo_args(self.recipe.algorithm) if any(s.type == "rl" for s in self.recipe.stages) else None
+        self._summed: Any = None  # the open DeepSpeed step of forward_backward calls (unirl serve)
 
     def _deepspeed_engine(self, model: torch.nn.Module, lr: float | None = None) -> Any:
         """What steps a model: its DeepSpeed engine (which owns DeepSpeed's AdamW)."""
@@ -206,6 +207,42 @@ class OpenRLHFTrainer:
         self.models.stepped("policy")
         sums.update({"grad/norm": step.finish(), "lr": lr, "tokens/trained": n_tokens})
         return sums
+
+    # ------------------------------------------------------------------ summed per-token losses (unirl serve)
+
+    def forward_backward(self, batch: Any, *, forward_only: bool = False) -> Any:
+        """:class:`unirl.protocols.TokenLossSteps`: OpenRLHF's token log-probs
+        (``log_probs_from_logits``) under a Tinker loss (the kit's ``Objectives.token_loss``), the
+        backward passes of every call until ``optim_step`` in one open-ended DeepSpeed step."""
+        from unirl.trainers import Objectives
+
+        batch = on_device(batch, self.models.device)
+        if not forward_only and self._summed is None:
+            DeepSpeedStepper.check_summed_steps(self.zero_stage, 1)
+            self._summed = DeepSpeedStepper(self._engine("policy"), None, mean=False)
+        logps, sums = [], {"loss:sum": 0.0}
+        for sl in self.models.micro_batches(len(batch)):
+            with torch.set_grad_enabled(not forward_only):
+                ids = batch.input_ids[sl]
+                logits = self._logits("policy", ids, batch.attention_mask[sl])
+                logp = self.orl.utils.log_probs_from_logits(logits[:, :-1], batch.targets[sl])
+                loss, stats = Objectives.token_loss(batch, logp, sl)
+            if not forward_only:
+                self._summed.backward(loss)
+            logps.append((logp.detach() * batch.loss_mask[sl]).cpu())
+            sums["loss:sum"] += float(loss.detach())
+            for key, value in stats.items():
+                sums[key] = sums.get(key, 0.0) + value
+        return batch.result(torch.cat(logps), sums)
+
+    def optim_step(self, step: Any) -> dict[str, float]:
+        DeepSpeedStepper.check_clip(self.recipe, step.grad_clip)
+        summed = self._summed or DeepSpeedStepper(self._engine("policy"), None, mean=False)
+        self._summed = None
+        step.apply(self._engine("policy").optimizer)
+        norm = summed.finish(step.lr)
+        self.models.stepped("policy")
+        return {"grad/norm": norm, "lr": step.lr}
 
     # ------------------------------------------------------------------ state
 

@@ -138,11 +138,15 @@ class PolicyRank:
         import contextlib
         import io
 
-        engine_workers = import_engine()
+        import_engine()
+        # verl's TrainingWorker with its split steps (forward_backward, optimizer_step: what the Tinker
+        # API needs, verl/workers/engine_workers_tinker.py); train_batch is TrainingWorker's own
+        from verl.workers.engine_workers_tinker import TinkerTrainingWorker
+
         # verl prints set-up notes to stdout (e.g. "Failed to set NUMA affinity" without pynvml)
         with contextlib.redirect_stdout(io.StringIO()):
-            worker = engine_workers.TrainingWorker(config=worker_config(self.recipe, self.model_path,
-                                                                        lr=self.recipe.trainer.lr))
+            worker = TinkerTrainingWorker(config=worker_config(self.recipe, self.model_path,
+                                                               lr=self.recipe.trainer.lr))
             worker.reset()  # builds the HF model, shards it with FSDP2, creates the optimizer
         return worker
 
@@ -222,9 +226,11 @@ class PolicyRank:
 
     # ------------------------------------------------------------------ batches
 
-    def _packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> Any:
+    def _packed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
+                extra: dict[str, torch.Tensor] | None = None) -> Any:
         """Jagged sequences as verl's ``sft_loss`` reads them; position ids as Hugging Face's
-        default (``arange`` over the padded row), loss mask on the target tokens."""
+        default (``arange`` over the padded row), loss mask on the target tokens; ``extra``: more
+        jagged tensors, already packed."""
         from verl.utils import tensordict_utils as tu
 
         attended, offsets = _spans(attention_mask)
@@ -233,7 +239,7 @@ class PolicyRank:
         mask[offsets[:-1]] = 0  # the first token is never a target (verl rolls the mask by one)
         return tu.get_tensordict(tensor_dict={"input_ids": _jagged(input_ids[attended], offsets),
                                               "position_ids": _jagged(positions[attended], offsets),
-                                              "loss_mask": _jagged(mask, offsets)},
+                                              "loss_mask": _jagged(mask, offsets), **(extra or {})},
                                  non_tensor_dict={"pad_mode": "no_padding", "temperature": 1.0,
                                                   "pad_token_id": self.pad_token_id,
                                                   "micro_batch_size_per_gpu": self._micro(len(input_ids))})
@@ -306,6 +312,57 @@ class PolicyRank:
                 sums[key] = sums.get(key, 0.0) + value
         return {k: v / len(mini_batches) for k, v in sums.items()}
 
+    def _token_packed(self, shard: dict[str, Any]) -> Any:
+        """A :class:`unirl.batch.TokenLossBatch` shard packed as :meth:`_packed`, with its loss mask
+        and per-token inputs (unirl's grid slot ``j``: the row's position ``j``) as jagged tensors."""
+        ids, attn = shard["input_ids"], shard["attention_mask"]
+        attended, offsets = _spans(attn)
+
+        def packed(grid: torch.Tensor) -> torch.Tensor:  # [b, T-1] -> the rows' positions, the last slot 0
+            return _jagged(torch.nn.functional.pad(grid.float(), (0, 1))[attended], offsets)
+
+        extra = {"unirl_loss_mask": packed(shard["loss_mask"]),
+                 **{f"unirl_in_{key}": packed(grid) for key, grid in shard["inputs"].items()}}
+        return self._packed(ids, attn, attn, extra)
+
+    def _grid(self, log_probs: Any, attn: torch.Tensor) -> torch.Tensor:
+        """verl's packed log-probs on unirl's grid ``[b, T-1]`` (slot ``j`` scores token ``j + 1``)."""
+        attended, offsets = _spans(attn)
+        values = log_probs.values().float()
+        keep = torch.ones(len(values), dtype=torch.bool)
+        keep[offsets[1:] - 1] = False  # each row's last slot scores the next sequence: dropped
+        result = torch.zeros(attn.shape[0], attn.shape[1] - 1)
+        result[attended[:, 1:] & attended[:, :-1]] = values[keep].detach()
+        return result
+
+    def forward_backward(self, shard: dict[str, Any], forward_only: bool) -> dict[str, Any]:
+        """A Tinker loss's forward (and backward: the gradient adds to what the previous calls left,
+        verl's ``TinkerTrainingWorker.forward_backward``); the target log-probs and the loss's sum."""
+        from verl.utils import tensordict_utils as tu
+
+        data = self._token_packed(shard)
+        self.policy.set_loss_fn(partial(token_loss, shard["loss"], shard["config"]))
+        if forward_only:
+            tu.assign_non_tensor(data, compute_loss=True, calculate_entropy=False)
+            out = self.policy.infer_batch(data)
+        else:
+            out = self.policy.forward_backward(data)
+        metrics = tu.get(out, "metrics")
+        return {"logprobs": self._grid(out["log_probs"], shard["attention_mask"]) * shard["loss_mask"],
+                "loss": _metric(metrics["loss"])}
+
+    def optimizer_step(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+                       clip: float | None) -> dict[str, float]:
+        """verl's ``TinkerTrainingWorker.optimizer_step`` with this step's AdamW settings and clip."""
+        self.policy.engine.optimizer_config.clip_grad = clip if clip is not None else float("inf")
+        try:
+            out = self.policy.optimizer_step({"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        finally:
+            self.policy.engine.optimizer_config.clip_grad = (self.recipe.trainer.grad_clip
+                                                             if self.recipe.trainer.grad_clip is not None
+                                                             else float("inf"))
+        return {"grad_norm": _metric(out.get("grad_norm", float("nan")))}
+
     def logprobs(self, shard: dict[str, Any], which: str = "policy") -> torch.Tensor:
         """Per-token log-probs on unirl's grid ``[b, T-1]`` (slot ``j`` scores token ``j + 1``)."""
         from verl.utils import tensordict_utils as tu
@@ -321,6 +378,20 @@ class PolicyRank:
         result = torch.zeros(ids.shape[0], ids.shape[1] - 1)
         result[attended[:, 1:] & attended[:, :-1]] = values[keep]  # slot j scores token j + 1 of the row
         return result
+
+
+def token_loss(name: str, config: dict[str, float], model_output: Any, data: Any, dp_group: Any = None) -> Any:
+    """A Tinker loss (:mod:`unirl.algorithms.tinker_losses`, through the kit's ``Objectives.token_loss``)
+    as a verl loss function: verl's log-probs of the packed micro-batch (position ``p`` of a row
+    scores token ``p + 1``, as ``sft_loss`` reads them) against the per-token inputs packed the
+    same way. The sum is multiplied by verl's ``dp_size`` (FSDP averages the ranks' gradients)."""
+    from unirl.trainers import Objectives
+
+    logp = model_output["log_probs"].values()
+    mask = data["unirl_loss_mask"].values()
+    inputs = {k.removeprefix("unirl_in_"): data[k].values() for k in data.keys() if k.startswith("unirl_in_")}
+    loss, _ = Objectives.token_loss_of(name, config, logp, inputs, mask)
+    return loss * data["dp_size"], {}
 
 
 def _to_cpu(obj: Any) -> Any:

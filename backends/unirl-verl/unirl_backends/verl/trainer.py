@@ -19,7 +19,7 @@ from unirl import metrics as M
 from unirl.batch import RolloutBatch, SFTBatch
 from unirl.errors import ConfigError
 from unirl.protocols import BuildContext, RolloutEngine, ScoreRequest, Scores, UpdatePlan
-from unirl.trainers import HFModels, Lora, MiniBatches, Recipe, WeightSync
+from unirl.trainers import HFModels, Lora, MiniBatches, Objectives, Recipe, WeightSync
 
 
 def _shards(n: int, world: int) -> list[slice]:
@@ -147,6 +147,37 @@ class VerlTrainer:
             if key in m:
                 row[f"verl/{key.split('/', 1)[1]}"] = m[key]
         return row
+
+    # ------------------------------------------------------------------ summed per-token losses (unirl serve)
+
+    def forward_backward(self, batch: Any, *, forward_only: bool = False) -> Any:
+        """:class:`unirl.protocols.TokenLossSteps` through verl's ``TinkerTrainingWorker``: one call to
+        the ranks, each with its share of the rows; the loss is verl's forward under unirl's
+        :mod:`unirl.algorithms.tinker_losses` (:func:`unirl_backends.verl.policy_rank.token_loss`)."""
+        from dataclasses import replace
+
+        # verl's engine scores each row's next input token (log-probs of input_ids rolled by one):
+        # another target is refused where the loss reads its log-prob, and reported as NaN elsewhere
+        other = (batch.targets != batch.input_ids[:, 1:]) & (batch.loss_mask > 0)
+        if bool((other & Objectives.reads_logprob(batch)).any()):
+            row, slot = (int(i) for i in (other & Objectives.reads_logprob(batch)).nonzero()[0])
+            raise ValueError(f"data[{row}]: target_tokens[{slot}]={int(batch.targets[row, slot])} is not the next "
+                             f"input token ({int(batch.input_ids[row, slot + 1])}) where the loss reads it; backend "
+                             f"'verl' scores next input tokens only (verl's engine rolls input_ids by one)")
+        batch = replace(batch, loss_mask=batch.loss_mask * ~other)
+        shards = self._split(batch, ("input_ids", "attention_mask", "loss_mask"), loss=batch.loss,
+                             config=dict(batch.config))
+        for shard, sl in zip(shards, _shards(len(batch), self.ranks.world), strict=True):
+            shard["inputs"] = {k: v[sl] for k, v in batch.inputs.items()}
+        parts = self.ranks.counted_call("forward_backward", shards, forward_only=forward_only)
+        logprobs = torch.cat([p["logprobs"] for p in parts]).masked_fill(other, float("nan"))
+        return batch.result(logprobs, {"loss:sum": float(parts[0]["loss"])})
+
+    def optim_step(self, step: Any) -> dict[str, float]:
+        m = self.ranks.call("optimizer_step", lr=step.lr, betas=(step.beta1, step.beta2), eps=step.eps,
+                            weight_decay=step.weight_decay, clip=step.grad_clip)[0]
+        self.weights.updated()
+        return {"grad/norm": m["grad_norm"], "lr": step.lr}
 
     # ------------------------------------------------------------------ weights and state
 
