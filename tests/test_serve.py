@@ -172,7 +172,7 @@ def test_sampling_importance_sampling_and_the_train_inference_gap(native: Served
     tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     path = tc.save_weights_for_sampler("after-one-step").result().path
     assert path.startswith("tinker://") and path.endswith("/sampler_weights/after-one-step")
-    fresh = sc.create_sampling_client(model_path=path)
+    fresh = sc.create_sampling_client(model_path=path).result()
     full = data[0].model_input.to_ints() + [int(data[0].loss_fn_inputs["target_tokens"].to_numpy()[-1])]
     lps = fresh.compute_logprobs(types.ModelInput.from_ints(full)).result()
     scored = types.Datum(model_input=data[0].model_input,
@@ -268,7 +268,7 @@ def test_bad_requests_get_error_replies_and_the_server_keeps_serving(native: Ser
     with pytest.raises(tinker.RequestFailedError, match="beta1"):
         tc.optim_step(types.AdamParams(learning_rate=1e-3, beta1=1.5)).result()
     with pytest.raises(tinker.RequestFailedError, match="no weights were saved"):
-        tc.load_state("tinker://nobody/weights/nothing").result()
+        sc.create_training_client_from_state("tinker://nobody/weights/nothing").result()
     with pytest.raises(Exception, match="not served here|is not a model"):
         lora(sc, base_model="Qwen/Qwen3-8B", rank=4)
     raw = {  # what an SDK never sends, straight at the endpoints
@@ -484,3 +484,40 @@ def test_bench_reports_the_apis_own_cost_per_step_and_request(tiny_model_dir: Pa
     assert "the Tinker API's own cost" in done.stdout
     refused = run_cli("bench", RECIPE, "--backends", "trl", "--tinker")
     assert refused.returncode == 2 and "trainer mode" in refused.stderr
+
+
+def test_requests_run_in_seq_id_order_and_a_retried_seq_id_runs_once(native: Served, tiny_model_dir: Path) -> None:
+    """Raw requests as the SDK encodes them: an ``optim_step`` (seq 2) that arrives before the
+    ``forward_backward`` (seq 1) it follows still steps that gradient; the same seq_id sent twice
+    is one request (the same future), and the model's next steps continue from it."""
+    import httpx
+    from tinker.proto.request_conv import forward_backward_request_to_proto
+
+    headers = {"X-API-Key": KEY}
+    model_id = httpx.post(native.url + "/api/v1/create_model", headers=headers, json={
+        "session_id": "raw", "model_seq_id": 0, "base_model": str(tiny_model_dir), "lora_config": {"rank": 4}}).json()
+    rid = model_id["request_id"]
+
+    def result(request_id: str) -> httpx.Response:
+        while True:
+            reply = httpx.post(native.url + "/api/v1/retrieve_future", headers=headers, timeout=60,
+                               json={"request_id": request_id})
+            if reply.headers["content-type"].startswith("application/x-protobuf") or reply.json().get("type") != \
+                    "try_again":
+                return reply
+
+    model = result(rid).json()["model_id"]
+    assert model == "raw:train:0"
+    data = [types.Datum(model_input=types.ModelInput.from_ints([5, 6, 7]),
+                        loss_fn_inputs={"target_tokens": [6, 7, 8], "weights": [1.0, 1.0, 1.0]})]
+    body = forward_backward_request_to_proto(types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn="cross_entropy"), model_id=model,
+        seq_id=1)).SerializeToString()
+    proto = {**headers, "Content-Type": "application/x-protobuf"}
+    step = httpx.post(native.url + "/api/v1/optim_step", headers=headers, json={
+        "model_id": model, "seq_id": 2, "adam_params": {"learning_rate": 1e-2}}).json()["request_id"]
+    first = httpx.post(native.url + "/api/v1/forward_backward", headers=proto, content=body).json()["request_id"]
+    again = httpx.post(native.url + "/api/v1/forward_backward", headers=proto, content=body).json()["request_id"]
+    assert again == first  # a retried seq_id is the first request, not a second gradient
+    assert result(first).status_code == 200
+    assert result(step).json()["metrics"]["grad_norm:mean"] > 0  # it waited for seq 1's gradient
