@@ -521,3 +521,23 @@ def test_requests_run_in_seq_id_order_and_a_retried_seq_id_runs_once(native: Ser
     assert again == first  # a retried seq_id is the first request, not a second gradient
     assert result(first).status_code == 200
     assert result(step).json()["metrics"]["grad_norm:mean"] > 0  # it waited for seq 1's gradient
+
+
+def test_finished_results_beyond_the_kept_number_are_dropped_oldest_first(monkeypatch: pytest.MonkeyPatch,
+                                                                         tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A long session does not keep every step's result: past ``KEEP`` requests, the oldest finished
+    ones go (a result the SDK has not fetched yet stays)."""
+    from unirl.serve import service as service_module
+
+    monkeypatch.setattr(service_module, "KEEP", 3)
+    svc = service_module.Service(RECIPE, [f"model.path={tiny_model_dir}", f"run.dir={tmp_path / 'run'}"])
+    try:
+        ids = []
+        for i in range(6):
+            ids.append(svc.submit(lambda i=i: ("json", {"i": i})))
+            svc.future(ids[-1]).result(timeout=30)
+        last = svc.submit(lambda: ("json", {}))
+        assert len(svc.futures) <= 4 and svc.future(ids[0]) is None and svc.future(last) is not None
+        assert svc.future(ids[-1]).result() == ("json", {"i": 5})
+    finally:
+        svc.close()

@@ -23,6 +23,7 @@ import itertools
 import json
 import threading
 import uuid
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,10 @@ from typing import Any
 import numpy as np
 
 from unirl.serve.wire import Datum, ForwardBackward
+
+#: how many requests' results the server keeps for retrieve_future (the oldest finished ones go first: the SDK
+#: retrieves each result within seconds, a long session must not keep every step's log-probs)
+KEEP = 4096
 
 
 class RequestError(Exception):
@@ -127,7 +132,7 @@ class Service:
         self.arch = str((getattr(config, "architectures", None) or [config.model_type])[0])
         self.lock = threading.Lock()
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="unirl-serve")
-        self.futures: dict[str, Future] = {}
+        self.futures: OrderedDict[str, Future] = OrderedDict()  # oldest first: finished ones beyond KEEP go
         self.models: dict[str, TrainedModel] = {}
         self.samplers: dict[str, tuple[str, Any]] = {}  # session id -> (weights key, loader of the weights)
         self.sessions: set[str] = set()
@@ -145,6 +150,12 @@ class Service:
     # ------------------------------------------------------------------ futures
 
     def _request_id(self) -> str:
+        with self.lock:
+            while len(self.futures) > KEEP:
+                oldest, future = next(iter(self.futures.items()))
+                if not future.done():
+                    break
+                del self.futures[oldest]
         return f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
 
     def submit(self, work: Any) -> str:
