@@ -31,10 +31,13 @@ KEY = "tml-unirl-test"
 
 
 @contextmanager
-def server(model: Path, run_dir: Path, *extra: str, args: tuple[str, ...] = ()) -> Iterator[str]:
-    """``unirl serve`` in its own process; its URL once it prints that it is ready."""
+def server(model: Path | None, run_dir: Path, *extra: str, args: tuple[str, ...] = (),
+           recipe: str = RECIPE) -> Iterator[str]:
+    """``unirl serve`` in its own process (``model`` None: the recipe's tiny model, built in
+    ``run_dir``); its URL once it prints that it is ready."""
     log = open(run_dir.parent / f"{run_dir.name}.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "unirl", "serve", RECIPE, f"model.path={model}",
+    model_key = [f"model.path={model}"] if model is not None else []
+    proc = subprocess.Popen([sys.executable, "-m", "unirl", "serve", recipe, *model_key,
                              f"run.dir={run_dir}", "run.threads=1", "trainer.grad_clip=null", *extra,
                              "--port", "0", *args], stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT,
                             env=child_env())
@@ -373,12 +376,51 @@ def test_framework_backends_serve_the_same_steps_as_native(backend: str, native:
         out.append(tc.forward_backward([rl], "importance_sampling").result().metrics["loss:sum"])
         tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
         out.append(float(logprobs(tc.forward(data[:1], "cross_entropy").result(), 0).sum()))
+        # the sampler holds the trained weights: its log-probs of what it sampled are the trainer's
+        path = tc.save_weights_for_sampler("drive").result().path
+        sampler = client(url).create_sampling_client(model_path=path).result()
+        seq = sampler.sample(data[0].model_input, num_samples=1,
+                             sampling_params=types.SamplingParams(max_tokens=4, seed=0)).result().sequences[0]
+        full = data[0].model_input.to_ints() + seq.tokens
+        scored = tc.forward([types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
+                                         loss_fn_inputs={"target_tokens": full[1:], "weights": [1.0] * (len(full) - 1)})],
+                            "cross_entropy").result()
+        gap = np.abs(logprobs(scored, 0)[-len(seq.tokens):] - np.asarray(seq.logprobs)).max()
+        assert gap < 1e-4, gap
         return out
 
     expected = drive(native.url)
     with server(tiny_model_dir, tmp_path / "run", f"backend={backend}") as url:
         got = drive(url)
+    assert got[1] < got[0]  # the SFT loss falls
     np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_samples_through_vllm_carry_the_trainers_log_probs(tmp_path: Path) -> None:
+    """With ``rollout.name=vllm`` the server samples through the vLLM engine (its own environment and
+    process), the trained weights pushed to it: its log-probs of the sampled tokens are the trainer's."""
+    from unirl.rollouts.vllm_env import find_python
+
+    if find_python(None)[0] is None:
+        pytest.skip("no vLLM environment (scripts/setup_vllm_env.sh, which scripts/test.sh runs)")
+    recipe = str(ROOT / "configs" / "grpo_tiny_vllm.yaml")  # the head size vLLM's CPU attention takes
+    with server(None, tmp_path / "run", recipe=recipe) as url:
+        tc = lora(client(url), base_model=str(tmp_path / "run" / "base_model"), rank=4)
+        ids = tc.get_tokenizer().encode("3+4=7")
+        datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
+                            loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)})
+        tc.forward_backward([datum], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        prompt = types.ModelInput.from_ints(ids[:4])
+        result = tc.save_weights_and_get_sampling_client().result().sample(
+            prompt, num_samples=3, sampling_params=types.SamplingParams(max_tokens=4, seed=1)).result()
+        for seq in result.sequences:
+            full = prompt.to_ints() + seq.tokens
+            scored = tc.forward([types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
+                                             loss_fn_inputs={"target_tokens": full[1:],
+                                                             "weights": [1.0] * (len(full) - 1)})],
+                                "cross_entropy").result()
+            np.testing.assert_allclose(logprobs(scored, 0)[prompt.length - 1:], seq.logprobs, atol=1e-4)
 
 
 def test_the_conformance_cell_fails_a_backend_whose_sum_is_a_mean(monkeypatch: pytest.MonkeyPatch,
