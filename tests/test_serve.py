@@ -99,18 +99,11 @@ def sft_datums(tokenizer: object, n: int = 8, seed: int = 0) -> list[types.Datum
 
 
 def batch_datums(batch: object) -> list[types.Datum]:
-    """An SFT batch's rows as Tinker datums (input = tokens[:-1], targets = tokens[1:]), each target
-    weighted by its loss mask over the batch's target count."""
-    mask = batch.loss_mask[:, 1:].float()
-    total = float(mask.sum())
-    out = []
-    for i in range(len(batch)):
-        n = int(batch.attention_mask[i].sum())
-        ids = batch.input_ids[i, :n].tolist()
-        out.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                               loss_fn_inputs={"target_tokens": ids[1:],
-                                               "weights": (mask[i, :n - 1] / total).tolist()}))
-    return out
+    """An SFT batch's rows as Tinker datums, each target weighted by its loss mask over the batch's
+    target count (what ``unirl bench --tinker`` sends)."""
+    from unirl.bench.tinker_api import sft_datums
+
+    return sft_datums(batch)
 
 
 def logprobs(result: object, i: int) -> np.ndarray:

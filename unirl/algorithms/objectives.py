@@ -14,9 +14,15 @@ import torch
 from unirl.algorithms.advantages import token_level_rewards
 from unirl.algorithms.aggregation import aggregate_loss, step_normaliser
 from unirl.algorithms.kl import kl_estimate
-from unirl.algorithms.policy_loss import clipped_value_loss, policy_loss_matrix, sft_token_loss, token_logprobs
+from unirl.algorithms.policy_loss import (
+    clipped_value_loss,
+    policy_loss_matrix,
+    sft_token_loss,
+    target_logprobs,
+    token_logprobs,
+)
 from unirl.algorithms.preference import dpo_loss, pairwise_reward_loss
-from unirl.algorithms.tinker_losses import batch_loss, reads_logprob, target_logprobs
+from unirl.algorithms.tinker_losses import batch_loss, reads_logprob
 from unirl.algorithms.tinker_losses import token_loss as tinker_token_loss
 from unirl.config.derived import loss_norm_length
 

@@ -7,10 +7,16 @@ import math
 import torch
 
 
+def target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``log p(targets[:, t] | x_<=t)``: [B, T-1] from logits [B, T, V] (slot ``t`` is predicted at
+    position ``t``), any target token (the Tinker API's ``target_tokens``)."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """``log p(x_t | x_<t)`` for t = 1..T-1: [B, T-1], from logits [B, T, V] and ids [B, T]."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return target_logprobs(logits, input_ids[:, 1:])
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

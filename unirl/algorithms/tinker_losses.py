@@ -107,13 +107,6 @@ def batch_loss(batch: Any, logp: torch.Tensor, rows: slice) -> tuple[torch.Tenso
                       batch.loss_mask[rows])
 
 
-def target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``log p(targets[:, t] | x_<=t)``: [B, T-1] from logits [B, T, V] (slot ``t`` is predicted at
-    position ``t``, as :func:`unirl.algorithms.policy_loss.token_logprobs` with any target)."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
 def reads_logprob(batch: Any) -> torch.Tensor:
     """[B, T-1] bool: where the batch's loss depends on the log-prob (a weight or an advantage that
     is not 0; ``dro``'s quadratic term everywhere on the mask)."""

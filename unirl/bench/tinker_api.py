@@ -20,7 +20,7 @@ from typing import Any
 KEY = "tml-unirl-bench"
 
 
-def _datums(batch: Any) -> list[Any]:
+def sft_datums(batch: Any) -> list[Any]:
     """An SFT batch's rows as Tinker datums (input = tokens[:-1], targets = tokens[1:]), each target
     weighted by its loss mask over the batch's target count: unirl's token-mean SFT loss."""
     from tinker import types
@@ -91,7 +91,7 @@ def measure(recipe: str, overrides: list[str], backend: str, *, repeat: int, wor
     task = build_component(local.recipe, "task", "task", BuildContext(
         recipe=local.recipe, run_dir=str(workdir), model_path=local.model_path, tokenizer=local.tokenizer))
     size = next((int(s.batch_size) for s in local.recipe.stages if s.type == "sft"), 8)
-    batch = _datums(sft_batch(local.tokenizer, task.sample(size)))
+    batch = sft_datums(sft_batch(local.tokenizer, task.sample(size)))
     prompt = local.tokenizer.encode(task.sample(1)[0].prompt)
     max_tokens = int(local.recipe.rollout.max_new_tokens)
     group = int(local.recipe.algorithm.group_size)

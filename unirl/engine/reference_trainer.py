@@ -28,8 +28,14 @@ from unirl.algorithms.objectives import (
     sft_objective,
     value_objective,
 )
-from unirl.algorithms.policy_loss import sft_token_loss, token_entropy, token_logprobs, token_logprobs_and_entropy
-from unirl.algorithms.tinker_losses import batch_loss, target_logprobs
+from unirl.algorithms.policy_loss import (
+    sft_token_loss,
+    target_logprobs,
+    token_entropy,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
+from unirl.algorithms.tinker_losses import batch_loss
 from unirl.batch import PairBatch, RolloutBatch, SFTBatch, TokenLossBatch, TokenLossResult, on_device
 from unirl.config.derived import loss_norm_length
 from unirl.engine.update import run_mini_batches

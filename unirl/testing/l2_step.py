@@ -524,7 +524,8 @@ def _token_loss_batches(tokenizer: Any, models: dict[str, Any], recipe: Any) -> 
 
 
 def _token_losses(models: dict[str, Any], case: tuple[list[Any], Any], recipe: Any) -> Any:
-    from unirl.algorithms.tinker_losses import target_logprobs, token_loss
+    from unirl.algorithms.policy_loss import target_logprobs
+    from unirl.algorithms.tinker_losses import token_loss
 
     batches = case[0]
     first = batches[0]

@@ -159,8 +159,9 @@ class VerlTrainer:
         # verl's engine scores each row's next input token (log-probs of input_ids rolled by one):
         # another target is refused where the loss reads its log-prob, and reported as NaN elsewhere
         other = (batch.targets != batch.input_ids[:, 1:]) & (batch.loss_mask > 0)
-        if bool((other & Objectives.reads_logprob(batch)).any()):
-            row, slot = (int(i) for i in (other & Objectives.reads_logprob(batch)).nonzero()[0])
+        refused = other & Objectives.reads_logprob(batch)
+        if bool(refused.any()):
+            row, slot = (int(i) for i in refused.nonzero()[0])
             raise ValueError(f"data[{row}]: target_tokens[{slot}]={int(batch.targets[row, slot])} is not the next "
                              f"input token ({int(batch.input_ids[row, slot + 1])}) where the loss reads it; backend "
                              f"'verl' scores next input tokens only (verl's engine rolls input_ids by one)")
