@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,6 +118,22 @@ def arithmetic_judgements(n: int, seed: int) -> list[tuple[str, str, bool]]:
         c = a + b if right else rng.choice([x for x in range(19) if x != a + b])
         out.append((f"{a}+{b}=", str(c), right))
     return out
+
+
+@pytest.fixture(scope="session")
+def rollout_level() -> Any:
+    """``rollout_level(engine)``: the rollout level's results for ``engine`` against every engine-mode
+    backend, run once in the session (the level's own test and the semantics matrix read them)."""
+    from unirl.testing.rollout_level import run_rollout_checks
+
+    ran: dict[str, list[Any]] = {}
+
+    def results(engine: str) -> list[Any]:
+        if engine not in ran:
+            ran[engine] = run_rollout_checks(engine)
+        return ran[engine]
+
+    return results
 
 
 @pytest.fixture(scope="session")

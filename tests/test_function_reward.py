@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import DEMO, read_rows, run_cli
+from tests.conftest import DEMO, read_rows
 from unirl.config import load_recipe
 from unirl.errors import ConfigError
 from unirl.rewards import FunctionRewardConfig, adapt_reward_fn, load_function_reward
@@ -59,8 +59,9 @@ def test_missing_function_suggests_the_close_name(reward_file):
 @pytest.mark.parametrize("name, value", [("quarter", 0.25), ("three_quarters", 0.75)])
 def test_function_reward_runs_on_every_backend(backend, name, value, reward_file, short_overrides, tmp_path):
     """A TRL-style and a verl-style function, unchanged, score every completion of both backends."""
-    proc = run_cli("run", str(DEMO), *short_overrides, f"backend={backend}", "reward.name=function",
-                   f"reward.function={reward_file}:{name}")
-    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-1500:]
+    from unirl.cli import main  # in this process: no interpreter start and imports per run
+
+    assert main(["run", str(DEMO), *short_overrides, f"backend={backend}", "reward.name=function",
+                 f"reward.function={reward_file}:{name}"]) == 0
     rows = [r for r in read_rows(tmp_path / "run") if r["stage_type"] == "rl"]
     assert len(rows) == 6 and all(r["reward/mean"] == value and r["reward/std"] == 0.0 for r in rows)

@@ -1,8 +1,9 @@
-"""LoRA (``model.lora``): GRPO through PEFT adapters learns on native, DeepSpeed, OpenRLHF and TRL; only
-the adapters change and checkpoints hold them alone; the run's merged model and adapter give the
-trained logits (and ``unirl export`` writes and checks both from an adapters-only checkpoint); a
-stopped run resumes bit-exactly on every backend that claims it; a rollout engine with its own
-weights (vLLM) samples from the merged ones; backends that do not declare it refuse it."""
+"""LoRA (``model.lora``): GRPO through PEFT adapters learns (shown on native; every framework backend's
+steps are native's, TRL's those of its own sampler); only the adapters change and checkpoints hold
+them alone; the run's merged model and adapter give the trained logits (and ``unirl export`` writes
+and checks both from an adapters-only checkpoint); a stopped run resumes bit-exactly on every
+backend that claims it; a rollout engine with its own weights (vLLM) samples from the merged ones;
+backends that do not declare it refuse it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT, read_rows
+from tests.conftest import ROOT, read_rows, same_curve
 from unirl.cli import main
 from unirl.rollouts.vllm_env import find_python
 
@@ -116,11 +117,19 @@ FRAMEWORKS = {"deepspeed": ["backend=deepspeed", "parallel.zero_stage=3", "paral
 
 
 @pytest.mark.parametrize("backend", ["native", *FRAMEWORKS])
-def test_a_stopped_lora_run_resumes_bit_exactly(backend, sft_model, tmp_path):
+def test_a_stopped_lora_run_resumes_bit_exactly(backend, sft_model, lora_run, tmp_path):
+    """Besides the resume: the uninterrupted run's steps are native's (the same samples, the losses and
+    norms to 1e-4), on the sharded layout; TRL samples with its own generator, a curve of its own.
+    That native's LoRA run learns is shown once, above; conformance L2 (``rl_step[model.lora]``)
+    checks each backend's single update against the oracle."""
     common = [RECIPE, f"model.path={sft_model}", "stages.0.steps=6", "checkpoint.every=2", "run.threads=1",
               *FRAMEWORKS.get(backend, [])]
     full, part = tmp_path / "full", tmp_path / "part"
     assert main(["run", *common, f"run.dir={full}"]) == 0
+    if backend != "trl":
+        worst = same_curve(read_rows(lora_run)[:6], read_rows(full))
+        print(f"LoRA GRPO ({backend}, {' '.join(FRAMEWORKS.get(backend, []))}) vs native over 6 steps: worst "
+              f"relative difference {worst:.2e}")
     assert main(["run", *common, f"run.dir={part}", "run.stop_after=3"]) == 0
     assert main(["run", *common, f"run.dir={part}", "resume=auto"]) == 0
     a, b = load_file(str(full / "model" / "model.safetensors")), load_file(str(part / "model" / "model.safetensors"))
@@ -130,27 +139,6 @@ def test_a_stopped_lora_run_resumes_bit_exactly(backend, sft_model, tmp_path):
     # the backend's adapters-only checkpoint exports as PEFT's adapter and a merged model, both checked by logits
     assert main(["export", str(part), str(tmp_path / "exported")]) == 0
     assert (tmp_path / "exported" / "adapter" / "adapter_model.safetensors").is_file()
-
-
-@pytest.mark.parametrize("backend", ["deepspeed", "openrlhf", "trl", "verl"])
-def test_lora_grpo_learns_on_framework_backends(backend, lora_run, sft_model, tmp_path):
-    """60 GRPO steps through each framework's trainer: reward/mean rises (native over the same 60 steps:
-    0.46 -> 0.56). DeepSpeed, OpenRLHF and verl's engine start from the same adapters as native and step
-    them the same way, so their rows follow native's (TRL generates with its own sampler: a different
-    curve of the same kind)."""
-    run_dir = tmp_path / backend
-    assert main(["run", RECIPE, f"model.path={sft_model}", f"run.dir={run_dir}", "stages.0.steps=60",
-                 "checkpoint.every=0", "run.threads=1", f"backend={backend}"]) == 0
-    rewards = [r["reward/mean"] for r in read_rows(run_dir)]
-    first, last = sum(rewards[:12]) / 12, sum(rewards[-12:]) / 12
-    native = [r["reward/mean"] for r in read_rows(lora_run)][:60]
-    gap = sum(abs(a - b) for a, b in zip(rewards, native, strict=True)) / 60
-    print(f"LoRA GRPO ({backend}): reward/mean first 12 steps {first:.3f} -> last 12 {last:.3f}; mean |row - "
-          f"native's row| {gap:.4f}")
-    assert last - first >= 0.05
-    if backend != "trl":
-        assert gap < 0.02
-    assert (run_dir / "adapter" / "adapter_config.json").is_file()
 
 
 @needs_vllm

@@ -156,6 +156,53 @@ def _round_trip(model_dir: Path, tp: int, pp: int) -> dict[str, torch.Tensor]:
     return state
 
 
+_GROUPS_PROBE = """
+import gc, os, sys
+from unirl.config import load_recipe
+from unirl.distributed import free_port
+from unirl.distributed.env import init_group
+from unirl_backends.megatron.cpu_compat import cuda_on_cpu
+from unirl_backends.megatron.rank import make_megatron_rank
+from megatron.core import parallel_state as ps
+
+def loops():
+    return sum(open(f"/proc/self/task/{t}/comm").read().strip() == "gloo_tcp_loop" for t in os.listdir("/proc/self/task"))
+
+init_group(0, 1, free_port())  # the driver's one-rank group, as LocalRanks makes it
+base = loops()
+with cuda_on_cpu():
+    ps.initialize_model_parallel(1, 1)
+ps.destroy_model_parallel()
+gc.collect()
+megatron_alone = loops() - base
+recipe = load_recipe(sys.argv[1], ["backend=megatron", "model.path=" + sys.argv[2]])
+rank = make_megatron_rank(recipe, sys.argv[2])
+rank.shutdown()
+del rank
+gc.collect()
+print(megatron_alone, loops() - base - megatron_alone)
+"""
+
+
+def test_a_closed_trainer_leaves_none_of_megatrons_groups(tiny_model_dir):
+    """Megatron's destroy_model_parallel leaves its groups registered, each gloo one with threads that
+    poll (the first number: while it does, the rank's shutdown must destroy them); after a rank's
+    shutdown none of its groups' threads is left (at most one group's, which torch keeps)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import child_env
+
+    proc = subprocess.run([sys.executable, "-c", _GROUPS_PROBE, str(ROOT / "configs" / "sft_tiny.yaml"),
+                           str(tiny_model_dir)], capture_output=True, text=True, timeout=300, env=child_env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    megatron_alone, after_shutdown = map(int, proc.stdout.split()[-2:])
+    print(f"gloo loop threads left: destroy_model_parallel alone {megatron_alone}, the rank's shutdown {after_shutdown}")
+    assert megatron_alone >= 10, ("Megatron's destroy_model_parallel now frees its groups: the group teardown in "
+                                  "unirl_backends/megatron/rank.py's shutdown is no longer needed")
+    assert after_shutdown <= 1
+
+
 @pytest.mark.parametrize("arch, tp, pp", [("qwen2", 1, 1), ("qwen2", 2, 1), ("llama", 1, 1), ("llama", 1, 2)])
 def test_hf_to_megatron_to_hf_is_bit_exact(hf_models, arch, tp, pp):
     from unirl.models.loading import load_causal_lm

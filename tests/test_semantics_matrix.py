@@ -11,9 +11,12 @@ from unirl.testing.matrix import matrix_cells, render
 
 @pytest.mark.skipif(find_python(None)[0] is None, reason="the matrix's rollout rows are generated with the vLLM "
                     "environment (scripts/setup_vllm_env.sh, which scripts/test.sh runs); it is absent here")
-def test_committed_matrix_is_current():
+def test_committed_matrix_is_current(rollout_level):
+    from unirl.testing.matrix import repo_rollouts
+
     committed = (ROOT / "docs" / "semantics-matrix.md").read_text()
-    assert committed == render(), ("docs/semantics-matrix.md is stale: regenerate it with "
+    host = get_plugin_host()  # the rollout rows from the rollout level's own run in this session
+    assert committed == render(host, {e: rollout_level(e) for e in repo_rollouts(host)}), ("docs/semantics-matrix.md is stale: regenerate it with "
                                    "python -m unirl.testing.matrix --write docs/semantics-matrix.md")
 
 

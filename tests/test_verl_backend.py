@@ -285,20 +285,24 @@ from unirl.engine.driver import Driver
 from unirl.plugin_manager import get_plugin_host
 keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RAY_AUTH_MODE",
         "VERL_PLATFORM")
+import torch
+torch.set_num_threads(3)  # not the recipe's run.threads=1
 out = {}
 for dp in (1, 2):
     before = {k: os.environ.get(k) for k in keys}
     recipe = load_recipe(sys.argv[1], ["backend=verl", f"parallel.dp={dp}", f"run.dir={sys.argv[2]}/dp{dp}",
                                        f"model.path={sys.argv[3]}", *sys.argv[4:]])
     status = Driver(recipe, get_plugin_host(), Console(quiet=True)).run()["status"]
-    out[dp] = {"status": status, "changed": {k: os.environ.get(k) for k in keys if os.environ.get(k) != before[k]}}
+    out[dp] = {"status": status, "changed": {k: os.environ.get(k) for k in keys if os.environ.get(k) != before[k]},
+               "threads": torch.get_num_threads()}
 print(json.dumps(out))
 """
 
 
 def test_a_verl_run_leaves_the_drivers_environment_as_it_was(tiny_model_dir, tmp_path):
     """After a verl run in a process (dp=1: a gloo group in that process; dp=2: spawned ranks),
-    the process holds no torch.distributed variable it did not have before, and neither Ray's
+    the process holds no torch.distributed variable it did not have before, runs at the
+    torch thread count it had (not the recipe's ``run.threads``), and neither Ray's
     authentication nor verl's platform choice was switched by environment."""
     proc = subprocess.run([sys.executable, "-c", _ENV_PROBE, str(DEMO), str(tmp_path), str(tiny_model_dir),
                            "stages.0.steps=1", "stages.1.steps=1", "stages.1.batch_size=2", "algorithm.group_size=2",
@@ -306,7 +310,8 @@ def test_a_verl_run_leaves_the_drivers_environment_as_it_was(tiny_model_dir, tmp
                           capture_output=True, text=True, timeout=600, env=child_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result == {"1": {"status": "completed", "changed": {}}, "2": {"status": "completed", "changed": {}}}
+    as_it_was = {"status": "completed", "changed": {}, "threads": 3}
+    assert result == {"1": as_it_was, "2": as_it_was}
 
 
 _ON_POLICY_CHECK = r"""

@@ -43,12 +43,12 @@ def test_vllm_is_refused_before_anything_runs_when_its_environment_or_shape_is_w
 
 @needs_vllm
 @pytest.mark.parametrize("engine", ["hf_generate", "vllm"])
-def test_the_rollout_level_passes_for_both_engines_against_every_engine_mode_backend(engine):
+def test_the_rollout_level_passes_for_both_engines_against_every_engine_mode_backend(engine, rollout_level):
     """Acceptance 2: weight push, sampling, masks; log-probs against each engine-mode backend."""
     from unirl.plugin_manager import get_plugin_host
-    from unirl.testing.rollout_level import LOGPROB_TOL, engine_backends, run_rollout_checks
+    from unirl.testing.rollout_level import LOGPROB_TOL, engine_backends
 
-    results = run_rollout_checks(engine)
+    results = rollout_level(engine)
     assert all(r.status == "passed" for r in results), [r.describe() for r in results if r.status != "passed"]
     compared = {r.knobs["backend"]: r.max_abs for r in results if r.check == "logprobs"}
     assert set(compared) == set(engine_backends(get_plugin_host())) >= {"native", "verl", "openrlhf"}

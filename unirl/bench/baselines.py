@@ -106,10 +106,16 @@ def plain_parts(recipe: Any) -> tuple[PlainLoops, Any, Any, list[Any]]:
 
 
 def measure(recipe: Any, steps: int, warmup: int = 1) -> dict[str, Any]:
+    """The plain loops' steps at the recipe's shapes and ``run.threads``, the caller's thread count restored."""
+    from unirl.engine.threads import intra_op_threads
+
+    with intra_op_threads(recipe.run.threads):
+        return _measure(recipe, steps, warmup)
+
+
+def _measure(recipe: Any, steps: int, warmup: int) -> dict[str, Any]:
     import torch
 
-    if recipe.run.threads:
-        torch.set_num_threads(recipe.run.threads)
     torch.manual_seed(recipe.seed)
     loops, task, stage, before = plain_parts(recipe)
     n_seq = stage.batch_size * recipe.algorithm.group_size

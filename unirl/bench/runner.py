@@ -248,13 +248,11 @@ def bench(recipe: str, backends: Sequence[str], *, steps: int, repeat: int, warm
 
     cut = [f"stages.{i}.steps={min(steps, st.steps)}" for i, st in enumerate(loaded.stages)]
     from unirl.bench.flops import measure_roofline
+    from unirl.engine.threads import intra_op_threads
 
     result = BenchResult(recipe, list(backends), repeat, steps, warmup, machine_info())
-    if loaded.run.threads:
-        import torch
-
-        torch.set_num_threads(loaded.run.threads)  # the runs' own setting: the roofline at their threads
-    result.roofline = measure_roofline(loaded.model.dtype)
+    with intra_op_threads(loaded.run.threads):  # the runs' own setting: the roofline at their threads
+        result.roofline = measure_roofline(loaded.model.dtype)
     shapes: dict[str, Any] = {}
     walls: dict[str, list[float]] = {b: [] for b in backends}
     rows: dict[str, list[dict[str, Any]]] = {b: [] for b in backends}

@@ -393,9 +393,10 @@ class Driver:
     def run(self) -> dict[str, Any]:
         """The whole run, holding ``run.dir``'s lock (:mod:`unirl.run_lock`) from before anything
         in it is read or deleted until the end: a second run on the directory exits 2."""
+        from unirl.engine.threads import intra_op_threads
         from unirl.run_lock import RunLock
 
-        with RunLock(self.recipe.run.dir):
+        with RunLock(self.recipe.run.dir), intra_op_threads(self.recipe.run.threads):
             return self._run()
 
     def _run(self) -> dict[str, Any]:
@@ -404,8 +405,6 @@ class Driver:
         from unirl.checkpoint import save_checkpoint
 
         recipe = self.recipe
-        if recipe.run.threads:
-            torch.set_num_threads(recipe.run.threads)
         run_dir, resume_from, skipped = prepare_run_dir(recipe)
         loaded = None
         if resume_from is not None:  # read before anything is built; an unreadable one is skipped, named

@@ -58,7 +58,9 @@ def matrix_cells(host: Any, backends: list[str]) -> dict[str, dict[str, str]]:
     return cells
 
 
-def render(host: Any | None = None) -> str:
+def render(host: Any | None = None, rollout_results: dict[str, list[Any]] | None = None) -> str:
+    """The matrix's markdown. ``rollout_results``: engine -> :func:`~unirl.testing.rollout_level.run_rollout_checks`'s
+    results, for engines whose rollout level already ran (the rest run their log-prob checks here)."""
     if host is None:
         from unirl.plugin_manager import get_plugin_host
 
@@ -70,7 +72,7 @@ def render(host: Any | None = None) -> str:
         subject = f"{key}={shown(value)}"
         lines.append(f"| `{key}` | `{shown(value)}` | " + " | ".join(cells[subject][b] for b in backends) + " |")
     lines += _layouts(host, backends)
-    lines += _rollouts(host, backends)
+    lines += _rollouts(host, backends, rollout_results)
     fixed = [(b, key, f) for b in backends for key, f in
              (host.registry.get("backend", b).capabilities.fixed.items()
               if host.registry.get("backend", b).capabilities else [])]
@@ -113,9 +115,11 @@ def repo_rollouts(host: Any) -> list[str]:
     return sorted(r.name for r in host.registry.entries["rollout"].values() if r.distribution in REPO_BACKEND_DISTRIBUTIONS)
 
 
-def rollout_cells(host: Any, backends: list[str]) -> dict[str, dict[str, str]]:
+def rollout_cells(host: Any, backends: list[str],
+                  results: dict[str, list[Any]] | None = None) -> dict[str, dict[str, str]]:
     """engine -> backend -> ``agrees`` (the rollout level's log-prob check passes), ``failing``,
-    ``trainer mode`` (the backend generates with its framework's own path) or ``refused: WHY``."""
+    ``trainer mode`` (the backend generates with its framework's own path) or ``refused: WHY``.
+    ``results``: engine -> the rollout level's results where it already ran (read, not rerun)."""
     from unirl.config import load_recipe
     from unirl.errors import UsageError
     from unirl.testing.rollout_level import RolloutKit, check_logprobs, engine_backends
@@ -130,6 +134,12 @@ def rollout_cells(host: Any, backends: list[str]) -> dict[str, dict[str, str]]:
             cells[engine] = {b: "refused" for b in backends}
             cells[engine][""] = str(exc).partition(": ")[2].split(":")[0].strip()  # why, in a line under the table
             continue
+        if results is not None and engine in results:
+            ran = {r.knobs["backend"]: r.status for r in results[engine] if r.check == "logprobs"}
+            cells[engine] = {b: "trainer mode" if b not in engine_mode else
+                             "agrees" if ran.get(b) == "passed" else "failing" if b in ran else "not checked"
+                             for b in backends}
+            continue
         kit = RolloutKit(engine, host=host)
         try:
             cells[engine] = {b: "trainer mode" if b not in engine_mode else
@@ -139,10 +149,10 @@ def rollout_cells(host: Any, backends: list[str]) -> dict[str, dict[str, str]]:
     return cells
 
 
-def _rollouts(host: Any, backends: list[str]) -> list[str]:
+def _rollouts(host: Any, backends: list[str], results: dict[str, list[Any]] | None) -> list[str]:
     from unirl.testing.rollout_level import LOGPROB_TOL
 
-    cells = rollout_cells(host, backends)
+    cells = rollout_cells(host, backends, results)
     lines = ["", "## Rollout engines", "",
              "Each engine's sampled-token log-probs against each backend's `score()` of the same tokens, after the",
              "backend pushed its weights (`unirl conformance --rollout NAME`, check `logprobs`): **agrees** (max abs",

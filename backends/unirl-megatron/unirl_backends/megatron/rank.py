@@ -393,9 +393,41 @@ class MegatronRank(ReferenceTrainer):
         self.models.trained = set(state["trained"])
 
     def shutdown(self) -> None:
+        import gc
+
+        import torch.distributed as dist
+
         from megatron.core import parallel_state as ps
 
+        # NOTE: destroy_model_parallel (megatron/core/parallel_state.py:2085) only sets its globals to
+        # None; the groups stay registered with torch.distributed, each gloo one with threads that
+        # poll. The one-rank layout runs in the driver's process, where every trainer left dozens (51
+        # threads; 1,500 after a test session's Megatron cases, slowing everything after them). So the
+        # groups it made go here; the default group is its maker's. Guarded by
+        # tests/test_megatron.py::test_a_closed_trainer_leaves_none_of_megatrons_groups.
+        made = parallel_state_groups(ps)
         ps.destroy_model_parallel()
+        if dist.get_world_size() > 1:
+            return  # ranks of their own processes, which end now: nothing outlives them
+        for group in made:
+            try:
+                dist.destroy_process_group(group)
+            except ValueError:  # "Invalid process group": already gone with a group it was split from
+                pass
+        self.models = None  # the models and optimizers hold them too (in cycles): all freed now
+        gc.collect()
+
+
+def parallel_state_groups(ps: Any) -> list[Any]:
+    """The process groups Megatron's ``parallel_state`` holds (alone or in lists), the default one left out."""
+    import torch.distributed as dist
+
+    found: dict[int, Any] = {}
+    for value in vars(ps).values():
+        for item in value if isinstance(value, (list, tuple)) else value.values() if isinstance(value, dict) else [value]:
+            if isinstance(item, dist.ProcessGroup) and item is not dist.group.WORLD:
+                found[id(item)] = item
+    return list(found.values())
 
 
 def make_megatron_rank(recipe: dict[str, Any], model_path: str) -> Any:
