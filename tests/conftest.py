@@ -124,16 +124,11 @@ def arithmetic_judgements(n: int, seed: int) -> list[tuple[str, str, bool]]:
 def rollout_level() -> Any:
     """``rollout_level(engine)``: the rollout level's results for ``engine`` against every engine-mode
     backend, run once in the session (the level's own test and the semantics matrix read them)."""
+    from functools import cache
+
     from unirl.testing.rollout_level import run_rollout_checks
 
-    ran: dict[str, list[Any]] = {}
-
-    def results(engine: str) -> list[Any]:
-        if engine not in ran:
-            ran[engine] = run_rollout_checks(engine)
-        return ran[engine]
-
-    return results
+    return cache(run_rollout_checks)
 
 
 @pytest.fixture(scope="session")

@@ -6,18 +6,17 @@ from tests.conftest import ROOT
 from tests.test_conformance_kit import WrongPlugin
 from unirl.plugin_manager import get_plugin_host
 from unirl.rollouts.vllm_env import find_python
-from unirl.testing.matrix import matrix_cells, render
+from unirl.testing.matrix import matrix_cells, render, repo_rollouts
 
 
 @pytest.mark.skipif(find_python(None)[0] is None, reason="the matrix's rollout rows are generated with the vLLM "
                     "environment (scripts/setup_vllm_env.sh, which scripts/test.sh runs); it is absent here")
 def test_committed_matrix_is_current(rollout_level):
-    from unirl.testing.matrix import repo_rollouts
-
     committed = (ROOT / "docs" / "semantics-matrix.md").read_text()
     host = get_plugin_host()  # the rollout rows from the rollout level's own run in this session
-    assert committed == render(host, {e: rollout_level(e) for e in repo_rollouts(host)}), ("docs/semantics-matrix.md is stale: regenerate it with "
-                                   "python -m unirl.testing.matrix --write docs/semantics-matrix.md")
+    current = render(host, {engine: rollout_level(engine) for engine in repo_rollouts(host)})
+    assert committed == current, ("docs/semantics-matrix.md is stale: regenerate it with "
+                                  "python -m unirl.testing.matrix --write docs/semantics-matrix.md")
 
 
 def test_matrix_marks_failing_and_unsupported_cells():

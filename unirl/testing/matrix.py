@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -135,18 +136,25 @@ def rollout_cells(host: Any, backends: list[str],
             cells[engine][""] = str(exc).partition(": ")[2].split(":")[0].strip()  # why, in a line under the table
             continue
         if results is not None and engine in results:
-            ran = {r.knobs["backend"]: r.status for r in results[engine] if r.check == "logprobs"}
-            cells[engine] = {b: "trainer mode" if b not in engine_mode else
-                             "agrees" if ran.get(b) == "passed" else "failing" if b in ran else "not checked"
-                             for b in backends}
+            ran = {r.knobs["backend"]: r for r in results[engine] if r.check == "logprobs"}
+            cells[engine] = _logprob_cells(backends, engine_mode, ran.get)
             continue
         kit = RolloutKit(engine, host=host)
         try:
-            cells[engine] = {b: "trainer mode" if b not in engine_mode else
-                             "agrees" if check_logprobs(kit, b).status == "passed" else "failing" for b in backends}
+            cells[engine] = _logprob_cells(backends, engine_mode, lambda b: check_logprobs(kit, b))
         finally:
             kit.close()
     return cells
+
+
+def _logprob_cells(backends: list[str], engine_mode: set[str], result_of: Callable[[str], Any]) -> dict[str, str]:
+    """One engine's row: ``result_of(backend)`` is its log-prob check (None: not run)."""
+    row = {}
+    for b in backends:
+        result = result_of(b) if b in engine_mode else None
+        row[b] = ("trainer mode" if b not in engine_mode else "not checked" if result is None else
+                  "agrees" if result.status == "passed" else "failing")
+    return row
 
 
 def _rollouts(host: Any, backends: list[str], results: dict[str, list[Any]] | None) -> list[str]:
