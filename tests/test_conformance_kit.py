@@ -142,7 +142,7 @@ def test_declared_unsupported_values_are_reported_skips(wrong_plugin):
 
 def test_unknown_backend_is_a_usage_error(capsys):
     assert main(["conformance", "--backend", "nope"]) == 2
-    assert "Installed backends: accelerate, deepspeed, megatron, native, openrlhf" in " ".join(capsys.readouterr().err.split())
+    assert "Installed backends: accelerate, areal, deepspeed, megatron, native, openrlhf" in " ".join(capsys.readouterr().err.split())
     assert main(["conformance", "--level", "L9"]) == 2
 
 

@@ -371,7 +371,8 @@ def _rows(run_dir: Path) -> int:
 
 _KILLS = [("native", "inside a checkpoint write"), ("native", "mid-step"), ("trl", "mid-step"),
           ("openrlhf", "mid-step"), ("verl", "mid-step"), ("native parallel.dp=2", "mid-step"),
-          ("deepspeed parallel.dp=2 parallel.zero_stage=3", "mid-step"), ("megatron parallel.tp=2", "mid-step")]
+          ("deepspeed parallel.dp=2 parallel.zero_stage=3", "mid-step"), ("megatron parallel.tp=2", "mid-step"),
+          ("areal", "mid-step")]
 
 
 @pytest.mark.parametrize("backend,where", _KILLS)
@@ -379,12 +380,15 @@ def test_sigkill_then_resume_ends_identical_to_an_uninterrupted_run(backend, whe
     """SIGKILL (no chance to clean up), then resume=auto: the same final weights and metrics rows
     as a run never interrupted. "inside a checkpoint write": the writer is held half-done (weights
     written, no state or manifest: the run is started through tests/faults/slow_checkpoint.py) when
-    the kill lands. Runs on two ranks too: the driver is killed, its rank processes end with it."""
+    the kill lands. Runs on two ranks too: the driver is killed, its rank processes end with it (AReaL's rank,
+in its own environment, too)."""
     backend, *layout = backend.split()
     from unirl.plugin_manager import get_plugin_host
 
     if backend not in get_plugin_host().registry.names("backend"):
         pytest.skip(f"backend {backend!r} is not installed")
+    if backend == "areal" and not (ROOT / ".venv-areal" / "bin" / "python").is_file():
+        pytest.skip("AReaL's environment is not built: bash scripts/setup_areal_env.sh")
     args = [str(DEMO), f"model.path={tiny_model_dir}", "stages.0.steps=3", "stages.1.steps=4", "stages.1.batch_size=2",
             "algorithm.group_size=4", "trainer.micro_batch_size=8", "checkpoint.every=2", "checkpoint.keep=3",
             f"backend={backend}", "run.threads=1", *layout]

@@ -91,7 +91,7 @@ def test_unknown_backend_lists_installed_ones():
         load_recipe(DEMO, ["backend=nativ"])
     msg = str(info.value)
     assert "backend='nativ'" in msg and "Did you mean 'native'?" in msg
-    assert "Installed backends: accelerate, deepspeed, megatron, native" in msg
+    assert "Installed backends: accelerate, areal, deepspeed, megatron, native" in msg
 
 
 def test_unknown_component_name_lists_installed():
@@ -140,7 +140,7 @@ def test_stage_needs_name_type_steps(tmp_path: Path):
 @pytest.mark.parametrize("args, needles", [
     (["trainer.lrr=1e-3"], ["trainer.lrr", "Did you mean 'lr'?"]),
     (["trainer.lr=abc"], ["trainer.lr='abc'", "expected float"]),
-    (["backend=nope"], ["backend='nope'", "Installed backends: accelerate, deepspeed, megatron, native"]),
+    (["backend=nope"], ["backend='nope'", "Installed backends: accelerate, areal, deepspeed, megatron, native"]),
     (["model.path=/definitely/not/here"], ["model.path='/definitely/not/here'", "there is no folder"]),
 ])
 def test_cli_bad_input_exits_2_with_one_paragraph(args, needles, capsys):
@@ -179,7 +179,7 @@ def test_capability_error_names_knob_and_backends_that_support_it():
         load_recipe(DEMO, ["backend=sft_only"], host=host)
     msg = str(info.value)
     assert "stages.type='rl' is not supported by backend 'sft_only'" in msg
-    assert "Backends that support it: accelerate, deepspeed, megatron, native" in msg
+    assert "Backends that support it: accelerate, areal, deepspeed, megatron, native" in msg
     # An SFT-only recipe is accepted (and nothing was imported from the fake factory path).
     cfg = load_recipe(DEMO, ["backend=sft_only", "stages=[{name: s, type: sft, steps: 1}]"], host=host)
     assert [s.type for s in cfg.stages] == ["sft"]
@@ -199,7 +199,8 @@ class TokenMeanOnlyBackend:
     ("algorithm.loss_agg=seq_mean_token_sum", "algorithm.loss_agg='seq_mean_token_sum' is not supported by backend "
                                               "'token_mean_only'. Backends that support it: accelerate, deepspeed, megatron, native"),
     ("algorithm.kl_reward_coef=0.05", "kl.placement='in_reward (algorithm.kl_reward_coef=0.05)' is not supported by "
-                                      "backend 'token_mean_only'. Backends that support it: accelerate, deepspeed, megatron, native"),
+                                      "backend 'token_mean_only'. Backends that support it: accelerate, areal, deepspeed, megatron, "
+                                      "native"),
 ])
 def test_unsupported_capability_exits_2_before_anything_is_built(override, needle, tmp_path, capsys):
     from unirl.plugin_manager import get_plugin_host

@@ -79,7 +79,8 @@ def test_what_trl_cannot_express_is_refused_naming_who_can(overrides, key):
 def test_refusal_exits_2_before_the_run_directory_exists(tmp_path):
     proc = run_cli("run", str(DEMO), "backend=trl", "algorithm.kl_reward_coef=0.05", f"run.dir={tmp_path / 'r'}")
     assert proc.returncode == 2
-    assert "kl.placement" in proc.stderr and "Backends that support it: accelerate, deepspeed, megatron, native" in proc.stderr
+    assert "kl.placement" in proc.stderr and "Backends that support it: accelerate, areal, deepspeed, megatron, native" in \
+        " ".join(proc.stderr.split())
     assert not (tmp_path / "r").exists()
 
 

@@ -97,6 +97,27 @@ MODES = ("engine", "trainer")
 
 
 @dataclass(frozen=True, kw_only=True)
+class BackendEnvironment:
+    """The Python environment a backend's ranks run in when its framework cannot share the core's
+    (``BackendSpec.environment``). The driver stays in the core's environment and starts each rank as
+    :mod:`unirl.distributed.env_worker` under this environment's Python
+    (:class:`unirl.distributed.env_ranks.EnvRanks`); only plain data and tensors cross.
+
+    ``venv``: the folder, relative to the checkout (``.venv-areal``); ``setup``: the command that makes
+    it (stamped and cached, e.g. ``bash scripts/setup_areal_env.sh``); ``variable``: an environment
+    variable naming another Python for it (``UNIRL_AREAL_PYTHON``); ``package``: the backend's import
+    package whose modules the ranks run (``unirl_backends.areal``): that package alone is put on that
+    Python's path, nothing else of the core's environment;
+    ``probe``: a module that Python must import (the framework)."""
+
+    venv: str
+    setup: str
+    variable: str
+    package: str
+    probe: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class BackendSpec:
     """What a backend plugin registers: ``register(BackendSpec(...))`` in ``unirl_register_backends``.
 
@@ -109,7 +130,10 @@ class BackendSpec:
     ``"trainer"`` (the framework's loop; a :class:`~unirl.protocols.StageRunner`), or a function
     of the validated options returning one of them (a backend offering both). ``importer``
     (optional): the module that reads the framework's own configuration into a recipe (a
-    :class:`~unirl.protocols.ConfigImporter`, ``unirl import NAME``). Every field is keyword-only.
+    :class:`~unirl.protocols.ConfigImporter`, ``unirl import NAME``). ``environment`` (optional): the
+    Python environment its ranks run in when the framework cannot share the core's
+    (``BackendSpec.Environment(...)``, :class:`BackendEnvironment`); the backend object itself stays in the core's process and must not
+    import the framework. Every field is keyword-only.
     """
 
     name: str
@@ -120,6 +144,10 @@ class BackendSpec:
     mode: str | Callable[[Any], str] = "engine"
     description: str = ""
     importer: str | None = None
+    environment: BackendEnvironment | None = None
+
+    #: ``BackendSpec.Environment(venv=, setup=, variable=, package=, probe=)``: the value of ``environment``
+    Environment = BackendEnvironment
 
     def __new__(cls, *args: Any, **kwargs: Any) -> BackendSpec:
         # ``contract`` has no default: without it the generated __init__ would raise a bare TypeError;

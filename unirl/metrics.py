@@ -53,6 +53,9 @@ GPU_MEMORY_PEAK = "memory/gpu_peak_bytes"
 ROLLOUT_RESTARTS = "rollout/worker_restarts"  # Ray rollout workers that died this step and were replaced
 REWARD_RESTARTS = "reward/worker_restarts"  # Ray reward workers that died this step and were replaced
 TIME_ROLLOUT_PUSH = "time/rollout_push_s"  # engines in their own process (vllm): this step's weight pushes, end to end
+# backends in their own environment and process (BackendSpec.environment): this step's seconds crossing into the
+# backend's ranks and back (packing, shared memory, sockets; inside the train and ref phases, not a phase of its own)
+TIME_BOUNDARY = "time/boundary_s"
 # train-inference mismatch: |rollout engine's log-prob - trainer's log-prob| of each sampled response token
 ROLLOUT_LOGPROB_DIFF_MEAN = "rollout/logprob_diff_mean"
 ROLLOUT_LOGPROB_DIFF_MAX = "rollout/logprob_diff_max"

@@ -31,10 +31,12 @@ def table_rows(result: BenchResult, ranges: bool = True) -> tuple[list[str], lis
     with_comm = any(s.comm for s in result.stages)
     with_ranks = any(s.rank_peak_memory_bytes for s in result.stages)
     with_async = any(s.staleness is not None for s in result.stages)
+    with_boundary = any(s.boundary_s is not None for s in result.stages)
     header = ["backend", "stage", "steps", "step ms", *(f"{p} ms" for p in phases), "phases/step", "gen tok/s",
               "train tok/s", "tok/s/device", "TFLOP/s", "MFU", "peak MiB", "process s",
               *(["rank peak MiB"] if with_ranks else []), *(["comm ms", "comm MiB"] if with_comm else []),
-              *(["staleness", "dropped"] if with_async else [])]
+              *(["staleness", "dropped"] if with_async else []),
+              *(["boundary ms", "boundary %"] if with_boundary else [])]
     body = []
     for s in result.stages:
         body.append([s.backend, s.stage_type, str(s.steps), _f(s.step_s, 1e3),
@@ -45,7 +47,9 @@ def table_rows(result: BenchResult, ranges: bool = True) -> tuple[list[str], lis
                      *([f"{s.rank_peak_memory_bytes / 2**20:.0f}" if s.rank_peak_memory_bytes else "-"]
                        if with_ranks else []),
                      *([_f(s.comm.get("comm/time_s"), 1e3), comm_mib(s)] if with_comm else []),
-                     *([_f(s.staleness), f"{s.dropped:.0f}" if s.dropped is not None else "-"] if with_async else [])])
+                     *([_f(s.staleness), f"{s.dropped:.0f}" if s.dropped is not None else "-"] if with_async else []),
+                     *([_f(s.boundary_s, 1e3), f"{s.boundary_s.median / s.step_s.median:.1%}" if s.boundary_s else "-"]
+                       if with_boundary else [])])
     return header, body
 
 

@@ -58,6 +58,8 @@ class StageResult:
     #: second of the generate phase, the first step's generate seconds (the engine's warm-up in it),
     #: weight-sync seconds and bytes per step, the worst train-inference log-prob gap
     generation: dict[str, Any] | None = None
+    #: backends in their own environment: seconds per step crossing the process boundary (``time/boundary_s``)
+    boundary_s: Stat | None = None
 
 
 @dataclass
@@ -184,7 +186,8 @@ def summarise(backend: str, rows: list[dict[str, Any]], warmup: int, devices: in
                                Stat.of([r[M.ASYNC_STALENESS_MEAN] for r in measured if M.ASYNC_STALENESS_MEAN in r]),
                                sum(r[M.ASYNC_DROPPED] for r in measured if M.ASYNC_DROPPED in r)
                                if any(M.ASYNC_DROPPED in r for r in measured) else None,
-                               generation_numbers(rows, measured) if stage_type == "rl" else None))
+                               generation_numbers(rows, measured) if stage_type == "rl" else None,
+                               Stat.of([r[M.TIME_BOUNDARY] for r in measured if M.TIME_BOUNDARY in r])))
     return out
 
 

@@ -222,13 +222,32 @@ def start_ranks(factory: Callable[..., Any], *args: Any, world: int, name: str,
     return SpawnedRanks(factory, *args, world=world, name=name, collectives=collectives)
 
 
+def _in_environment(*args: Any, **kwargs: Any) -> Any:
+    from unirl.distributed.env_ranks import EnvRanks
+
+    return EnvRanks(*args, **kwargs)
+
+
+def _interpreter(environment: Any, backend: str) -> tuple[str, dict[str, str]]:
+    from unirl.distributed.env_ranks import interpreter
+
+    return interpreter(environment, backend)
+
+
 class Ranks:
     """Trainer ranks in processes of their own (the kit's ``unirl.trainers.Ranks``): ``start(factory,
-    *args, world=, name=)`` starts them, ``environment(rank, world, port)`` is the torch.distributed
-    environment of one (None for a single rank), ``free_port()`` a port for its rendezvous, and
-    ``local_device()`` this process's device (its CUDA device when visible, else the CPU)."""
+    *args, world=, name=)`` starts them, ``in_environment(environment, "module:function", *args, world=,
+    name=, run_dir=)`` starts them under another Python environment's interpreter
+    (:class:`unirl.distributed.env_ranks.EnvRanks`, for a backend declaring ``BackendSpec.environment``);
+    ``interpreter(environment, backend)`` is that environment's Python and the variables for a command of
+    the backend's own there (``(python, {"PYTHONPATH": ...})``);
+    ``environment(rank, world, port)`` is the torch.distributed environment of one (None for a single
+    rank), ``free_port()`` a port for its rendezvous, and ``local_device()`` this process's device (its
+    CUDA device when visible, else the CPU)."""
 
     start = staticmethod(start_ranks)
+    in_environment = staticmethod(_in_environment)
+    interpreter = staticmethod(_interpreter)
     environment = staticmethod(rank_environment)
     free_port = staticmethod(free_port)
     local_device = staticmethod(local_device)

@@ -90,6 +90,13 @@ def _backends(host: Any, cuda: bool) -> list[Check]:
             checks.append(Check("backend", name, NO, f"missing {', '.join(missing)} (distribution {dist}): "
                                                      f"pip install {' '.join(repr(m) for m in missing)}"))
             continue
+        environment = getattr(spec, "environment", None)
+        if environment is not None:
+            problem, where = _environment(environment, name)
+            if problem:
+                checks.append(Check("backend", name, NO, problem))
+                continue
+            layouts += f"; its environment: {where}"
         for mode in modes:
             if mode == "trainer" and name != "trl" and not cuda:
                 checks.append(Check("backend", f"{name} (mode=trainer)", NO, "the framework's own trainer needs CUDA "
@@ -103,6 +110,29 @@ def _backends(host: Any, cuda: bool) -> list[Check]:
             else:
                 checks.append(Check("backend", f"{name} (mode={mode})", OK, note))
     return checks
+
+
+def _environment(environment: Any, backend: str) -> tuple[str | None, str]:
+    """A backend in its own environment: ``(None, "PYTHON (FRAMEWORK VERSION)")`` when its Python imports the
+    framework, else ``(why not and the fix, "")``."""
+    import subprocess
+
+    from unirl.distributed.env_ranks import find_python
+    from unirl.errors import ConfigError
+
+    try:
+        python = find_python(environment, backend)
+    except ConfigError as exc:
+        return str(exc), ""
+    # found, not imported (a framework's import can take seconds: AReaL's loads ray, hydra, openai)
+    probe = (f"import importlib.metadata as m, importlib.util as u; assert u.find_spec({environment.probe!r}), "
+             f"'no module named {environment.probe}'; print(m.version({environment.probe!r}))")
+    done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return (f"its environment's Python {python} does not import {environment.probe} ({last}): run "
+                f"`{environment.setup}` again"), ""
+    return None, f"{python} ({environment.probe} {done.stdout.strip()})"
 
 
 def _rollouts(host: Any, cuda: bool) -> list[Check]:

@@ -32,7 +32,8 @@ them; its L2 step and L3 runs are checked). Formulas: `docs/semantics.md`.
 
 
 #: the distributions of this repository's backends: the core (native) and backends/unirl-NAME
-REPO_BACKEND_DISTRIBUTIONS = ("unirl", "unirl-trl", "unirl-verl", "unirl-openrlhf", "unirl-deepspeed", "unirl-megatron")
+REPO_BACKEND_DISTRIBUTIONS = ("unirl", "unirl-trl", "unirl-verl", "unirl-openrlhf", "unirl-deepspeed", "unirl-megatron",
+                              "unirl-areal")
 
 
 def repo_backends(host: Any) -> list[str]:
