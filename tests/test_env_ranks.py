@@ -91,6 +91,18 @@ def test_a_rank_that_raises_is_a_run_error_with_its_traceback(echo_env, tmp_path
     assert not ranks.procs  # every rank stopped
 
 
+def test_a_skipped_step_crosses_as_floating_point_error_and_the_rank_goes_on(echo_env, tmp_path):
+    """A non-finite step is skipped by the driver for every trainer (FloatingPointError): across the boundary too,
+    and the rank answers the next call."""
+    ranks = EnvRanks(echo_env, "unirl_envtest.rank:make", "x", world=1, name="envtest", run_dir=str(tmp_path))
+    try:
+        with pytest.raises(FloatingPointError, match="envtest backend skipped nonfinite: rank 0: gradient norm is nan"):
+            ranks.call("nonfinite")
+        assert ranks.call("double", shards=[3])[0] == 6
+    finally:
+        ranks.close()
+
+
 def test_an_answer_that_is_not_plain_data_is_an_error_not_a_dead_rank(echo_env, tmp_path):
     ranks = EnvRanks(echo_env, "unirl_envtest.rank:make", "x", world=1, name="envtest", run_dir=str(tmp_path))
     with pytest.raises(RunError, match="plain data and tensors only, not builtins.object"):

@@ -7,7 +7,9 @@ rank is :mod:`unirl.distributed.env_worker` started as a script under the enviro
 and its output in ``run_dir/backend-NAME-rankR.log``. Calls and answers cross as plain data and
 tensors (:func:`unirl.distributed.env_worker.pack`); no Python object of one side reaches the other.
 
-Failures are run errors that name the rank and quote its log's tail: a rank that exits (killed, out of
+A method that raises :class:`FloatingPointError` (a non-finite loss or gradient, the step skipped with the
+weights untouched) raises it again here, so the driver skips the step as it does for any trainer. Other
+failures are run errors that name the rank and quote its log's tail: a rank that exits (killed, out of
 memory, crashed in the framework's C++), one that answers nothing for ``timeout_s`` (hung), one whose
 call raised (its traceback). Every rank is then stopped. A killed driver leaves no rank behind: each
 ends when its connection closes. The boundary's own cost is measured per call (the call's wall time
@@ -190,6 +192,7 @@ class EnvRanks:
     # -- calls ------------------------------------------------------------------------------
     def _gather(self, what: str, deadline: float) -> list[Any]:
         results: dict[int, Any] = {}
+        nonfinite: list[str] = []
         worker_seconds = 0.0
         while len(results) < self.world:
             for rank, (conn, proc) in enumerate(zip(self.conns, self.procs)):
@@ -210,6 +213,8 @@ class EnvRanks:
                         self._fail(rank, f"died during {what}")
                     if status == "error":
                         self._fail(rank, f"failed in {what}", value)
+                    if status == "nonfinite":
+                        nonfinite.append(f"rank {rank}: {value}")
                     results[rank] = value
                     worker_seconds = max(worker_seconds, seconds)
                 elif proc.poll() is not None:
@@ -217,6 +222,8 @@ class EnvRanks:
                 elif time.monotonic() > deadline:
                     self._fail(rank, f"answered nothing to {what} for {self.timeout_s:g} s (hung?)")
         self._worker_seconds = worker_seconds
+        if nonfinite:  # the ranks are alive and untouched: the driver skips the step (as for any trainer)
+            raise FloatingPointError(f"the {self.name} backend skipped {what}: {'; '.join(nonfinite)}")
         return [results[r] for r in range(self.world)]
 
     def call(self, method: str, shards: list[Any] | None = None, **kwargs: Any) -> list[Any]:

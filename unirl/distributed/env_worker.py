@@ -15,8 +15,9 @@ side is pickled: the two environments may hold different torch, transformers or 
 
 The rank: the first message names its factory (``"module:function"``, importable from
 ``PYTHONPATH``, which the driver sets to the backend's package only) and its arguments; then each
-message is a call ``(method, shard, kwargs)`` answered ``("ok", result, seconds)`` or
-``("error", traceback, seconds)``, ``seconds`` the rank's own time in the call (the rest of a call's
+message is a call ``(method, shard, kwargs)`` answered ``("ok", result, seconds)``, ``("error", traceback,
+seconds)``, or ``("nonfinite", message, seconds)`` when the method raised :class:`FloatingPointError` (a step
+skipped with the weights untouched, as every trainer reports one; the driver raises it again), ``seconds`` the rank's own time in the call (the rest of a call's
 time is the boundary's). The rank ends on ``("stop",)``, when the driver's connection closes, or, even
 inside a call, when the driver process is gone (a killed driver leaves no rank behind).
 """
@@ -198,6 +199,8 @@ def serve(address: str, authkey: bytes) -> None:
                 call = getattr(worker, method)
                 result = call(shard, **kwargs) if shard is not None else call(**kwargs)
                 reply("ok", result, start)
+            except FloatingPointError as exc:  # a step skipped with the weights untouched: the rank goes on
+                reply("nonfinite", str(exc), start)
             except BaseException:  # noqa: BLE001
                 reply("error", traceback.format_exc(), start)
 

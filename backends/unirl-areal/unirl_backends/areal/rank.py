@@ -171,10 +171,10 @@ class ArealRank:
 
         self.engine.train()
         stats = self.engine.train_batch(data, loss_fn=weighed, loss_weight_fn=lambda x: x["loss_mask"].count_nonzero())
+        if not stats["update_successful"]:  # FSDPEngine.optimizer_step zeroed the gradients and did not step
+            raise FloatingPointError(f"AReaL's engine skipped the step: gradient norm {stats['grad_norm']}")
         self.version += 1
         total = sum(w for _, w in losses)
-        if not stats["update_successful"]:
-            raise FloatingPointError(f"AReaL's engine skipped the step: gradient norm {stats['grad_norm']}")
         return {"loss": sum(v * w for v, w in losses) / max(total, 1.0), "grad_norm": float(stats["grad_norm"])}
 
     # ------------------------------------------------------------------ calls from the driver
