@@ -58,9 +58,9 @@ def find_python(environment: Any, backend: str) -> str:
     return str(python)
 
 
-def _package_path(package: str) -> tuple[str, str]:
-    """``(folder, top-level name)``: a folder to put on the worker's path that holds ``package``
-    (a namespace portion such as ``unirl_backends.areal`` gets a folder of its own, linking to it)."""
+def _package_path(package: str) -> str:
+    """A folder to put on the worker's path that holds ``package`` alone (a namespace portion such as
+    ``unirl_backends.areal`` gets a folder of its own, linking to it)."""
     import importlib.util
 
     spec = importlib.util.find_spec(package)
@@ -72,7 +72,7 @@ def _package_path(package: str) -> tuple[str, str]:
     target = root.joinpath(*parts[:-1])
     target.mkdir(parents=True, exist_ok=True)
     (target / parts[-1]).symlink_to(source, target_is_directory=True)
-    return str(root), parts[0]
+    return str(root)
 
 
 def interpreter(environment: Any, backend: str) -> tuple[str, dict[str, str]]:
@@ -83,9 +83,27 @@ def interpreter(environment: Any, backend: str) -> tuple[str, dict[str, str]]:
     import shutil
 
     python = find_python(environment, backend)
-    path, _ = _package_path(environment.package)
+    path = _package_path(environment.package)
     atexit.register(shutil.rmtree, path, True)
     return python, {"PYTHONPATH": path}
+
+
+def connect_worker(proc: subprocess.Popen, address: str, authkey: bytes, deadline: float) -> Any:
+    """The connection to a worker process that listens on the unix socket ``address`` once it is ready
+    (``multiprocessing.connection``, ``authkey``), or None: it exited first, or ``deadline``
+    (``time.monotonic()``) passed (``proc.poll()`` tells which)."""
+    from multiprocessing.connection import Client
+
+    while proc.poll() is None:
+        if os.path.exists(address):
+            try:
+                return Client(address, family="AF_UNIX", authkey=authkey)
+            except (ConnectionRefusedError, FileNotFoundError):
+                pass
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
+    return None
 
 
 def _stop(procs: list[subprocess.Popen], conns: list[Any], folders: list[str]) -> None:
@@ -125,11 +143,9 @@ class EnvRanks:
     def __init__(self, environment: Any, factory: str, *args: Any, world: int, name: str, run_dir: str | None,
                  threads: int | None = None, environ: dict[str, str] | None = None, startup_timeout_s: float = 300.0,
                  timeout_s: float = 1800.0) -> None:
-        from multiprocessing.connection import Client
-
         self.world, self.name, self.timeout_s = world, name, timeout_s
         self.python = find_python(environment, name)
-        path, _ = _package_path(environment.package)
+        path = _package_path(environment.package)
         sockets = tempfile.mkdtemp(prefix=f"unirl-{name}-")
         self.procs: list[subprocess.Popen] = []
         self.conns: list[Any] = []
@@ -155,18 +171,11 @@ class EnvRanks:
                                                    start_new_session=True))
         deadline = time.monotonic() + startup_timeout_s
         for rank, address in enumerate(addresses):
-            while True:
-                if self.procs[rank].poll() is not None:
-                    self._fail(rank, "exited before it connected")
-                if os.path.exists(address):
-                    try:
-                        self.conns.append(Client(address, family="AF_UNIX", authkey=key))
-                        break
-                    except (ConnectionRefusedError, FileNotFoundError):
-                        pass
-                if time.monotonic() > deadline:
-                    self._fail(rank, f"did not start within {startup_timeout_s:g} s")
-                time.sleep(0.02)
+            conn = connect_worker(self.procs[rank], address, key, deadline)
+            if conn is None:
+                self._fail(rank, "exited before it connected" if self.procs[rank].poll() is not None
+                           else f"did not start within {startup_timeout_s:g} s")
+            self.conns.append(conn)
         for conn in self.conns:
             conn.send_bytes(env_worker.pack((factory, list(args))))
         self._gather("start-up", time.monotonic() + startup_timeout_s)

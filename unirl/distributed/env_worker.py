@@ -64,8 +64,9 @@ def _tree(obj: Any, tensors: list[Any]) -> Any:
                     f" ({str(obj)[:80]}); turn it into dicts, lists and tensors before the call")
 
 
-def _shared_folder(size: int) -> str | None:
-    """``/dev/shm`` when it is writable and has room for ``size`` bytes, else None (the temp folder)."""
+def shared_folder(size: int) -> str | None:
+    """``/dev/shm`` when it is writable and has room for ``size`` bytes (containers often give it 64 MiB),
+    else None: the system's temporary folder. The vLLM engine's weight pushes use it too."""
     import shutil
 
     shm = "/dev/shm"
@@ -89,7 +90,7 @@ def pack(obj: Any) -> bytes:
         offset += -(-nbytes // ALIGN) * ALIGN
     path = None
     if offset:
-        fd, path = tempfile.mkstemp(prefix="unirl-wire-", dir=_shared_folder(offset))
+        fd, path = tempfile.mkstemp(prefix="unirl-wire-", dir=shared_folder(offset))
         try:
             with os.fdopen(fd, "wb") as f:
                 for t, (_, _, start, nbytes) in zip(tensors, specs):

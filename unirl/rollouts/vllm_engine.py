@@ -34,6 +34,8 @@ import torch
 
 from unirl import metrics as M
 from unirl.batch import RolloutBatch
+from unirl.distributed.env_ranks import connect_worker
+from unirl.distributed.env_worker import shared_folder
 from unirl.errors import ConfigError, RunError
 from unirl.protocols import BuildContext, SamplingParams
 from unirl.rollouts.vllm_env import find_python
@@ -60,17 +62,6 @@ def _stop(proc: subprocess.Popen, conn: Any, tmp: str) -> None:
     except Exception:
         pass
     shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _shared_memory_folder(size: int) -> str | None:
-    """``/dev/shm`` when it is writable and has room for ``size`` bytes (containers often give it
-    64 MiB), else None: the system's temporary folder."""
-    import shutil
-
-    shm = "/dev/shm"
-    if os.path.isdir(shm) and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > size * 1.1 + 2**20:
-        return shm
-    return None
 
 
 class VLLMRollout:
@@ -111,8 +102,6 @@ class VLLMRollout:
         return 2048
 
     def _start(self, python: str, ctx: BuildContext) -> None:
-        from multiprocessing.connection import Client
-
         self._tmp = tempfile.mkdtemp(prefix="unirl-vllm-")
         address, key = os.path.join(self._tmp, "socket"), os.urandom(16)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
@@ -125,21 +114,13 @@ class VLLMRollout:
             # -P: the worker's folder (unirl/rollouts) must not shadow the vllm package on sys.path
             self._proc = subprocess.Popen([python, "-P", str(self.worker_script), address], env=env, stdout=log,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + self.config.startup_timeout_s
-        while True:
-            if self._proc.poll() is not None:
-                raise RunError(self._died("exited before it connected"))
-            if os.path.exists(address):
-                try:
-                    self._conn = Client(address, family="AF_UNIX", authkey=key)
-                    break
-                except (ConnectionRefusedError, FileNotFoundError):
-                    pass
-            if time.monotonic() > deadline:
-                self._proc.kill()
-                raise RunError(f"the vLLM worker did not start within rollout.startup_timeout_s="
-                               f"{self.config.startup_timeout_s:g}; its log: {self._log}")
-            time.sleep(0.05)
+        self._conn = connect_worker(self._proc, address, key, time.monotonic() + self.config.startup_timeout_s)
+        if self._conn is None and self._proc.poll() is not None:
+            raise RunError(self._died("exited before it connected"))
+        if self._conn is None:
+            self._proc.kill()
+            raise RunError(f"the vLLM worker did not start within rollout.startup_timeout_s="
+                           f"{self.config.startup_timeout_s:g}; its log: {self._log}")
         self._finalizer = weakref.finalize(self, _stop, self._proc, self._conn, self._tmp)
 
     def _threads(self, ctx: BuildContext) -> int:
@@ -304,7 +285,7 @@ class VLLMRollout:
                 t = t.clone()
             seen.add(t.data_ptr())
             tensors[name] = t
-        folder = _shared_memory_folder(sum(t.numel() * t.element_size() for t in tensors.values()))
+        folder = shared_folder(sum(t.numel() * t.element_size() for t in tensors.values()))
         fd, path = tempfile.mkstemp(prefix="unirl-vllm-push-", suffix=".safetensors", dir=folder)
         os.close(fd)
         try:

@@ -32,16 +32,15 @@ class _RemoteLoss(torch.autograd.Function):
 class ArealMath(ReferenceMath):
     """AReaL's functions behind unirl's canonical math."""
 
-    def __init__(self, run_dir: str | None = None) -> None:
-        self.run_dir = run_dir
+    def __init__(self) -> None:
         self._ranks: Any = None
 
     def _call(self, method: str, **kwargs: Any) -> Any:
-        if self._ranks is None:
+        if self._ranks is None:  # its log: the temporary folder's backend-areal-math-rank0.log
             from unirl_backends.areal.plugin import ENVIRONMENT
 
-            self._ranks = Ranks.in_environment(ENVIRONMENT, "unirl_backends.areal.losses:make_math", world=1, name="areal-math",
-                                   run_dir=self.run_dir, threads=1, timeout_s=600.0)
+            self._ranks = Ranks.in_environment(ENVIRONMENT, "unirl_backends.areal.losses:make_math", world=1,
+                                               name="areal-math", run_dir=None, threads=1, timeout_s=600.0)
         return self._ranks.call(method, **kwargs)[0]
 
     def close(self) -> None:

@@ -41,7 +41,8 @@ import torch
 #: AReaL pads every packed micro-batch to a multiple of this many tokens (areal/utils/data.py:815, read by
 #: ``pad_mb_list`` at :1023) to fit GPU memory pages; the padding follows the real tokens, which never
 #: attend to it (causal), so it changes no number, but on a CPU it is pure work (a 7-token sequence runs
-#: as 256). One token: no padding. Guarded by backends/unirl-areal/tests/test_areal_backend.py::test_areal_still_pads_to_gpu_pages.
+#: as 256). One token: no padding. Guarded by
+#: tests/test_areal_backend.py::test_areal_still_pads_micro_batches_to_gpu_pages.
 PAGE_TOKENS = 1
 
 
@@ -122,7 +123,6 @@ class ArealRank:
         torch.manual_seed(int(recipe["seed"]))
         self.engine = self._engine()
         self.reference: Any = None
-        self.version = 0
 
     # ------------------------------------------------------------------ AReaL's engine
 
@@ -152,16 +152,12 @@ class ArealRank:
 
         return MicroBatchSpec(n_mbs=max(1, -(-rows // int(self.recipe["trainer"]["micro_batch_size"]))))
 
-    def _set(self, rows: int, lr: float | None = None) -> None:
-        self.engine.config.mb_spec = self._mb_spec(rows)
-        if lr is not None:
-            for group in self.engine.optimizer.param_groups:
-                group["lr"] = float(lr)
-
     def _train(self, data: dict[str, torch.Tensor], loss_fn: Any, lr: float) -> dict[str, float]:
         """One ``train_batch`` (every micro-batch's forward and backward, one clipped AdamW step); the
         loss reported is the token mean AReaL's weights make of the micro-batches' losses."""
-        self._set(int(data["input_ids"].shape[0]), lr)
+        self.engine.config.mb_spec = self._mb_spec(int(data["input_ids"].shape[0]))
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = float(lr)
         losses: list[tuple[float, float]] = []
 
         def weighed(logprobs: torch.Tensor, entropy: torch.Tensor, mb: dict[str, Any], **kw: Any) -> torch.Tensor:
@@ -173,7 +169,6 @@ class ArealRank:
         stats = self.engine.train_batch(data, loss_fn=weighed, loss_weight_fn=lambda x: x["loss_mask"].count_nonzero())
         if not stats["update_successful"]:  # FSDPEngine.optimizer_step zeroed the gradients and did not step
             raise FloatingPointError(f"AReaL's engine skipped the step: gradient norm {stats['grad_norm']}")
-        self.version += 1
         total = sum(w for _, w in losses)
         return {"loss": sum(v * w for v, w in losses) / max(total, 1.0), "grad_norm": float(stats["grad_norm"])}
 
@@ -192,8 +187,7 @@ class ArealRank:
     @torch.no_grad()
     def logprobs(self, shard: dict[str, torch.Tensor], which: str = "policy") -> torch.Tensor:
         engine = self.engine if which == "policy" else self.reference
-        self._set(int(shard["input_ids"].shape[0]))
-        engine.config.mb_spec = self.engine.config.mb_spec
+        engine.config.mb_spec = self._mb_spec(int(shard["input_ids"].shape[0]))
         engine.eval()
         lay = Layout(shard["attention_mask"])
         out = engine.forward_batch({"input_ids": lay.tokens(shard["input_ids"]),
@@ -261,8 +255,7 @@ class ArealRank:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = {"policy": self.full_policy(),
-                 "optimizer": get_optimizer_state_dict(self.engine.model, self.engine.optimizer, options=options),
-                 "version": self.version}
+                 "optimizer": get_optimizer_state_dict(self.engine.model, self.engine.optimizer, options=options)}
         if self.reference is not None:
             state["reference"] = self._model_state(self.reference)
         return state
@@ -277,7 +270,6 @@ class ArealRank:
         options = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.engine.model, state["policy"], options=options)
         set_optimizer_state_dict(self.engine.model, self.engine.optimizer, state["optimizer"], options=options)
-        self.version = int(state["version"])
         if "reference" in state:
             if self.reference is None:
                 self.reference = self._engine()

@@ -35,11 +35,11 @@ class ArealTrainer:
         self.recipe, self.model_path = ctx.recipe, ctx.model_path
         self.tokenizer = ctx.tokenizer or HFModels.load_tokenizer(ctx.model_path)
         self.ranks = Ranks.in_environment(ENVIRONMENT, "unirl_backends.areal.rank:make_rank",
-                              OmegaConf.to_container(self.recipe, resolve=True),
-                              translate(self.recipe, str(self.model_path)), options,
-                              world=1, name="areal", run_dir=ctx.run_dir,
-                              threads=int(self.recipe.run.threads or 0) or None,
-                              timeout_s=float(options["call_timeout_s"]))
+                                          OmegaConf.to_container(self.recipe, resolve=True),
+                                          translate(self.recipe, str(self.model_path)), options,
+                                          world=1, name="areal", run_dir=ctx.run_dir,
+                                          threads=int(self.recipe.run.threads or 0) or None,
+                                          timeout_s=float(options["call_timeout_s"]))
         self.has_reference = False
         self.weights = WeightSync()
 

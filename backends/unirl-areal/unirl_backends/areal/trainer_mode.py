@@ -90,29 +90,27 @@ def grpo_config(recipe: Any, stage: Any, *, model_path: str, data: Path, out: Pa
     from unirl_backends.areal.translate import actor_config, engine_config
 
     a, r = recipe.algorithm, recipe.rollout
-    name, trial = f"unirl-{stage.name}".replace("_", "-"), "run"
+    named = {"experiment_name": f"unirl-{stage.name}".replace("_", "-"), "trial_name": "run"}
+    rooted = {**named, "fileroot": str(out / "fileroot")}  # every AReaL part that writes files
     engine = engine_config(recipe, model_path)
-    actor = {**actor_config(a), "experiment_name": name, "trial_name": trial, "path": model_path,
-             "dtype": engine["dtype"], "attn_impl": "flash_attention_2", "optimizer": engine["optimizer"],
+    actor = {**actor_config(a), **named, "path": model_path,
+             "dtype": engine["dtype"], "attn_impl": "flash_attention_2",
+             "optimizer": {**engine["optimizer"], "lr": float(stage.lr or recipe.trainer.lr)},
              "ppo_n_minibatches": int(a.mini_batches), "backend": options["train_backend"],
              "mb_spec": {"max_tokens_per_mb": int(options["max_tokens_per_mb"])}}
-    actor["optimizer"] = {**actor["optimizer"], "lr": float(stage.lr or recipe.trainer.lr)}
     config: dict[str, Any] = {
-        "experiment_name": name, "trial_name": trial, "seed": int(recipe.seed),
-        "total_train_epochs": 1,
+        **named, "seed": int(recipe.seed), "total_train_epochs": 1,
         "total_train_steps": int(stage.steps), "tokenizer_path": model_path,
-        "cluster": {"n_nodes": 1, "n_gpus_per_node": int(options["n_gpus_per_node"]), "fileroot": str(out / "fileroot")},
+        "cluster": {"n_nodes": 1, "n_gpus_per_node": int(options["n_gpus_per_node"]), "fileroot": rooted["fileroot"]},
         "train_dataset": {"path": str(data), "type": "rl", "batch_size": int(stage.batch_size), "shuffle": False},
         "gconfig": {"n_samples": int(a.group_size), "max_new_tokens": int(r.max_new_tokens),
                     "temperature": float(r.temperature)},
-        "rollout": {"experiment_name": name, "trial_name": trial, "backend": options["rollout_backend"]},
+        "rollout": {**named, "backend": options["rollout_backend"]},
         "actor": actor,
-        "saver": {"experiment_name": name, "trial_name": trial, "fileroot": str(out / "fileroot"),
-                  "freq_steps": int(stage.steps)},
-        "evaluator": {"experiment_name": name, "trial_name": trial, "fileroot": str(out / "fileroot")},
-        "recover": {"experiment_name": name, "trial_name": trial, "fileroot": str(out / "fileroot")},
-        "stats_logger": {"experiment_name": name, "trial_name": trial, "fileroot": str(out / "fileroot"),
-                         "tensorboard": {"path": str(out / "tensorboard" / stage.name)}},
+        "saver": {**rooted, "freq_steps": int(stage.steps)},
+        "evaluator": rooted,
+        "recover": rooted,
+        "stats_logger": {**rooted, "tensorboard": {"path": str(out / "tensorboard" / stage.name)}},
     }
     if a.kl_reward_coef > 0:  # (KL in the loss is refused in trainer mode: plugin.py)
         config["ref"] = {k: v for k, v in actor.items() if k in ("experiment_name", "trial_name", "path", "dtype",
@@ -150,7 +148,8 @@ class ArealGRPO(SubprocessStageRunner):
         print(f"[areal] {stage.name}: AReaL's load_expr_config accepts {config}: {checked.stdout.strip()[-600:]}",
               flush=True)
         if not self.options.get("dry_run"):
-            self._reward = RewardServer(self.recipe, self.out)
+            if getattr(self, "_reward", None) is None:  # one for the run: every stage has the recipe's reward
+                self._reward = RewardServer(self.recipe, self.out)
             env["UNIRL_AREAL_REWARD"] = self._reward.variable
         model_dir = self.out / "models" / stage.name
         saved = self.out / "fileroot" / "checkpoints"
