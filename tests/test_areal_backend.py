@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -64,6 +65,19 @@ def test_areal_still_pads_micro_batches_to_gpu_pages():
     fence has nothing left to do: remove it."""
     assert _areal("import areal.utils.data as d; print(d.N_TOKENS_PER_PAGE)") == "256", (
         "AReaL no longer pads micro-batches to 256-token pages: remove the PAGE_TOKENS fence in unirl_backends/areal/rank.py")
+
+
+def test_areal_still_passes_a_mask_mapping_to_every_model():
+    """Guard of the one-mask fence (unirl_backends/areal/rank.py _one_mask_for_plain_models): AReaL 1.0.4's
+    packed micro-batch carries ``attention_mask=dict(full_attention=None, sliding_attention=None)`` for every
+    model but Qwen3 MoE/VL/3.5 (areal/engine/fsdp_engine.py:1898), which Llama's forward cannot read. The
+    rollout level on a Llama (tests/test_vllm_rollout.py) shows the fence working; when AReaL stops sending
+    the mapping, remove it."""
+    package = _areal("import importlib.util; print(importlib.util.find_spec('areal').submodule_search_locations[0])")
+    source = (Path(package) / "engine" / "fsdp_engine.py").read_text()  # read, not imported (seconds of imports)
+    assert 'mb["attention_mask"] = dict(full_attention=None, sliding_attention=None)' in source, (
+        "AReaL no longer passes a mask mapping to every model: remove _one_mask_for_plain_models in "
+        "unirl_backends/areal/rank.py")
 
 
 class _Unmasked:

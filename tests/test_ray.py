@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import DEMO, read_rows
+from tests.conftest import DEMO, ROOT, read_rows
 from unirl import hookimpl
 from unirl import metrics as M
 from unirl.cli import main
@@ -61,6 +61,21 @@ def test_one_ray_worker_gives_the_in_process_run(short_overrides, tmp_path, ray_
     assert not any(M.ROLLOUT_LOGPROB_DIFF_MAX in r for r in read_rows(local))  # the shared module: not scored
 
 
+#: configs/grpo_tiny_vllm.yaml, short, with two Ray rollout workers each owning a vLLM engine
+VLLM_POOL = [str(ROOT / "configs" / "grpo_tiny_vllm.yaml"), "stages.0.steps=3", "stages.1.steps=8",
+             "stages.1.batch_size=4", "algorithm.group_size=4", "checkpoint.every=3", "trainer.micro_batch_size=8",
+             "run.threads=1", "distributed.ray.enabled=true", "rollout.workers=2"]
+
+
+def _needs_vllm():
+    from unirl.rollouts.vllm_env import find_python
+
+    python, missing = find_python(None)
+    return pytest.mark.skipif(python is None, reason=f"no vLLM environment: {missing}")
+
+
+needs_vllm = _needs_vllm()
+
 #: two rollout workers and two reward workers (the reward served by Ray: reward.isolation=ray)
 POOLS = ["distributed.ray.enabled=true", "rollout.workers=2", "reward.isolation=ray", "reward.workers=2"]
 
@@ -87,9 +102,10 @@ def test_workers_without_ray_are_refused(tmp_path, capsys):
 
 class KillWorkers:
     """A run hook that SIGKILLs a Ray worker's process (as the OOM killer would) after given global
-    steps: ``{step: actor name prefix}``, e.g. ``{6: "unirl-rollout-"}`` kills rollout worker 0."""
+    steps: ``{step: actor name prefix}``, e.g. ``{6: "unirl-rollout-"}`` kills rollout worker 0;
+    ``{6: ("unirl-rollout-", 1, "engine")}`` kills the engine process rollout worker 1 owns (its vLLM)."""
 
-    def __init__(self, plan: dict[int, str]) -> None:
+    def __init__(self, plan: dict[int, str | tuple[str, int, str]]) -> None:
         self.plan, self.killed = plan, []
 
     @hookimpl
@@ -99,11 +115,27 @@ class KillWorkers:
 
         import ray
 
-        prefix = self.plan.get(metrics["global_step"])
-        if prefix is not None:
-            name = next(n for n in sorted(ray.util.list_named_actors()) if n.startswith(prefix) and "-0-" in n)
-            os.kill(ray.get(ray.get_actor(name).pid.remote()), signal.SIGKILL)
-            self.killed.append(name)
+        what = self.plan.get(metrics["global_step"])
+        if what is not None:
+            prefix, index, part = (what, 0, "actor") if isinstance(what, str) else what
+            name = next(n for n in sorted(ray.util.list_named_actors()) if n.startswith(prefix) and f"-{index}-" in n)
+            pid = ray.get(ray.get_actor(name).pid.remote())
+            os.kill(pid if part == "actor" else _engine_process(pid), signal.SIGKILL)
+            self.killed.append((name, part))
+
+
+def _engine_process(actor: int) -> int:
+    """The vLLM worker process a Ray actor started (its child running vllm_worker.py)."""
+    from pathlib import Path
+
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == actor and b"vllm_worker" in (proc / "cmdline").read_bytes():
+                return int(proc.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    raise AssertionError(f"actor {actor} runs no vLLM worker")
 
 
 def test_killed_workers_are_replaced_and_a_stopped_run_resumes_as_if_they_had_not_died(
@@ -252,3 +284,41 @@ def test_a_rollout_pool_beyond_repair_exits_1_naming_the_ray_error_after_checkpo
     assert "run failed at stage 'grpo' step 3: ActorDiedError" in " ".join(out.err.split())
     assert json.loads((run / "run.json").read_text())["status"] == "failed"
     assert (run / "checkpoints" / "step-00000006").is_dir()
+
+
+@needs_vllm
+def test_vllm_engines_on_two_ray_workers_survive_a_killed_worker_and_a_killed_engine(ray_cluster, tmp_path):
+    """Issue 45, acceptance 2: configs/grpo_tiny_vllm.yaml with rollout.workers=2, each Ray worker owning a
+    vLLM engine in the vLLM environment. Rollout worker 0 is SIGKILLed after step 5; the run stops after
+    step 7 and resumes; rollout worker 1's vLLM process (not the actor) is SIGKILLed after step 8. Each
+    time a new worker takes its place and the call is sent again with the same policy version and group
+    numbers (vLLM seeds each prompt group by its number): the run ends identical to an undisturbed one.
+    Each row reports the train-inference gap per worker beside the merged one."""
+    from unirl.plugin_manager import get_plugin_host
+
+    calm, hit = tmp_path / "calm", tmp_path / "hit"
+    assert main(["run", *VLLM_POOL, f"run.dir={calm}"]) == 0
+    killer = KillWorkers({5: "unirl-rollout-", 8: ("unirl-rollout-", 1, "engine")})
+    host = get_plugin_host()
+    host.register_plugin(killer, "killer")
+    try:
+        with pytest.warns(RuntimeWarning, match="rollout worker 0 died"):
+            assert main(["run", *VLLM_POOL, f"run.dir={hit}", "run.stop_after=7"]) == 0
+        with pytest.warns(RuntimeWarning, match=r"rollout worker 1 died \(WorkerLost: the Ray rollout worker 1's "
+                                                r"vLLM worker \(pid \d+, killed by signal 9\)"):
+            assert main(["run", *VLLM_POOL, f"run.dir={hit}", "resume=auto"]) == 0
+    finally:
+        host.unregister_plugin("killer")
+    assert [part for _, part in killer.killed] == ["actor", "engine"]
+    rows = read_rows(hit)
+    assert [r["global_step"] for r in rows if r.get(M.ROLLOUT_RESTARTS)] == [6, 9]
+    assert [{k: v for k, v in r.items() if k != M.ROLLOUT_RESTARTS} for r in _math_view(hit)] == _math_view(calm)
+    a, b = _weights(calm), _weights(hit)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    rl = [r for r in rows if r["stage_type"] == "rl"]
+    for w in (0, 1):
+        assert all(r[M.per_worker(M.ROLLOUT_LOGPROB_DIFF_MAX, w)] <= r[M.ROLLOUT_LOGPROB_DIFF_MAX] < 1e-4 for r in rl)
+    assert all(max(r[M.per_worker(M.ROLLOUT_LOGPROB_DIFF_MAX, w)] for w in (0, 1)) == r[M.ROLLOUT_LOGPROB_DIFF_MAX]
+               for r in rl)
+    assert sorted(p.name for p in hit.glob("rollout-vllm-worker*.log")) == ["rollout-vllm-worker0.log",
+                                                                           "rollout-vllm-worker1.log"]

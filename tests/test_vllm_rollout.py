@@ -4,6 +4,7 @@ which the test command runs) and process; the rollout conformance level for both
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,33 @@ VLLM_DEMO = ROOT / "configs" / "grpo_tiny_vllm.yaml"
 FAULTS = ROOT / "tests" / "faults"
 python, missing = find_python(None)
 needs_vllm = pytest.mark.skipif(python is None, reason=f"no vLLM environment: {missing}")
+AREAL_READY = (ROOT / ".venv-areal" / "bin" / "python").is_file()
+
+
+def build_tiny_llama(out: Path, *, head_dim: int = 32) -> Path:
+    """A model of another architecture than unirl's tiny Qwen2, as a user brings one: Llama, untied input
+    and output embeddings, grouped-query attention (4 query heads, 2 key/value heads), 3 layers,
+    unirl's byte tokenizer; written with ``save_pretrained``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from unirl.models.tiny import build_tokenizer
+
+    tok = build_tokenizer()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=4 * head_dim, intermediate_size=8 * head_dim,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128, tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = tok.pad_token_id, tok.eos_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("llama") / "model")
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +97,7 @@ def test_the_weight_push_check_fails_when_the_cpu_repack_fix_is_removed(monkeypa
     finally:
         broken.close()
     assert result.status == "failed" and "did not take (all of) the pushed weights" in result.reason
-    assert result.max_abs == 4  # every prompt's greedy continuation is wrong
+    assert result.ratio > 100  # the old output layer: log-probs off by far more than float32's 1e-4
 
 
 @needs_vllm
@@ -89,6 +117,68 @@ def test_a_push_that_changes_nothing_is_an_error(monkeypatch):
 
 
 @needs_vllm
+def test_the_rollout_level_runs_on_a_users_model_of_another_architecture(llama_dir, tmp_path, capsys):
+    """Issue 45, acceptance 1: `unirl conformance --rollout vllm --model DIR` on a Llama with untied
+    embeddings and grouped-query attention: the push, sampling, masks, and log-probs against native, AReaL
+    (its one-mask fence) and native with LoRA adapters (merged weights pushed) all pass in float32."""
+    import json
+
+    backends = "native,areal" if AREAL_READY else "native"
+    out = tmp_path / "level.json"
+    assert main(["conformance", "--rollout", "vllm", "--model", str(llama_dir), "--backends", backends,
+                 "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert all(r["status"] == "passed" for r in results), results
+    rows = {(r["check"], r["knobs"].get("backend"), r["knobs"].get("lora")): r for r in results}
+    assert {("weight_push", None, None), ("sampling", None, None), ("masks", None, None), ("logprobs", "native", None),
+            ("logprobs", "native", "on")} <= set(rows)
+    assert AREAL_READY is False or ("logprobs", "areal", None) in rows
+    assert rows[("weight_push", None, None)]["max_abs"] <= 1e-4
+    assert "LoRA matrices moved off zero" in rows[("logprobs", "native", "on")]["tolerance"]
+    # not a model folder, and a key the rollout level does not take: exit 2 before anything starts
+    assert main(["conformance", "--rollout", "vllm", "--model", str(tmp_path)]) == 2
+    assert f"model.path='{tmp_path}': is a model folder without" in " ".join(capsys.readouterr().err.split())
+    assert main(["conformance", "--rollout", "vllm", "--set", "trainer.lr=1"]) == 2
+    assert "--set model.path=DIR / model.dtype=DTYPE" in " ".join(capsys.readouterr().err.split())
+
+
+@needs_vllm
+def test_the_weight_push_check_fails_when_the_push_skips_one_tensor(llama_dir):
+    """Acceptance 1, the other half: a push that leaves out one tensor (the untied output layer; one MLP
+    matrix of the middle layer) still changes the engine's outputs, so the worker's own no-op check lets it
+    through; the weight push check does not."""
+    from unirl.testing.rollout_level import RolloutKit, check_weight_push, pushed_weights
+
+    kit = RolloutKit("vllm", model=llama_dir)
+    try:
+        real = kit.engine.load_weights
+        for skipped in ("lm_head.weight", "model.layers.1.mlp.down_proj.weight"):
+            real(pushed_weights(llama_dir, seed=9))  # the engine holds other values than the check pushes
+            kit.engine.load_weights = lambda w, s=skipped: real({k: v for k, v in w.items() if k != s})
+            result = check_weight_push(kit)
+            assert result.status == "failed" and "did not take (all of) the pushed weights" in result.reason, skipped
+            assert result.ratio > 10, (skipped, result.ratio)
+        kit.engine.load_weights = real
+        assert check_weight_push(kit).status == "passed"
+    finally:
+        kit.close()
+
+
+@needs_vllm
+def test_a_model_the_engine_cannot_serve_is_refused_with_the_engines_reason(tmp_path, capsys):
+    """A head size vLLM's CPU attention has no kernel for: every check is a skip quoting vLLM's reason."""
+    import json
+
+    model = build_tiny_llama(tmp_path / "h16", head_dim=16)
+    out = tmp_path / "level.json"
+    assert main(["conformance", "--rollout", "vllm", "--model", str(model), "--backends", "native",
+                 "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [r["status"] for r in results] == ["skipped"] * 4
+    assert all("cannot serve the model" in r["reason"] and "head_dim=16" in r["reason"] for r in results)
+
+
+@needs_vllm
 def test_the_batch_holds_the_engines_token_ids_not_a_retokenisation(kit):
     """Token in, token out: the response ids and log-probs are the engine's own, in order, even where
     decoding and re-encoding the text would give other ids (the untrained model emits partial
@@ -97,8 +187,8 @@ def test_the_batch_holds_the_engines_token_ids_not_a_retokenisation(kit):
     answers = []
     real = engine._recv
 
-    def spy(rid, timeout=None):
-        answer = real(rid, timeout)
+    def spy(rid, timeout=None, op=""):
+        answer = real(rid, timeout, op)
         answers.append(answer)
         return answer
 
@@ -147,23 +237,56 @@ def test_grpo_with_vllm_learns(tmp_path):
     assert hf_end - hf_start >= 0.05 and abs((end - start) - (hf_end - hf_start)) < 0.1
 
 
-@needs_vllm
-def test_a_run_ahead_with_vllm_stopped_and_resumed_ends_identical(tmp_path):
-    """rollout.max_staleness=1: the worker generates the next batch while the trainer trains; a run
-    stopped after step 7 and resumed ends with the same weights and rows as one never stopped (the
-    samples are seeded per prompt group, the pending batch saved)."""
+#: a run generating ahead of training (rollout.max_staleness=1), checkpointed every 3 steps
+AHEAD = [str(VLLM_DEMO), "stages.0.steps=3", "stages.1.steps=8", "stages.1.batch_size=4", "algorithm.group_size=4",
+         "rollout.max_staleness=1", "checkpoint.every=3", "trainer.micro_batch_size=8", "run.threads=1"]
+
+
+@pytest.fixture(scope="module")
+def ahead_run(tmp_path_factory):
+    """:data:`AHEAD` run once, undisturbed: the fault tests end identical to it."""
+    run_dir = tmp_path_factory.mktemp("ahead") / "run"
+    assert main(["run", *AHEAD, f"run.dir={run_dir}"]) == 0
+    return run_dir
+
+
+def _same_run(a, b) -> None:
     from safetensors.torch import load_file
 
-    args = [str(VLLM_DEMO), "stages.0.steps=3", "stages.1.steps=8", "stages.1.batch_size=4", "algorithm.group_size=4",
-            "rollout.max_staleness=1", "checkpoint.every=3", "trainer.micro_batch_size=8", "run.threads=1"]
-    full, part = tmp_path / "full", tmp_path / "part"
-    assert main(["run", *args, f"run.dir={full}"]) == 0
-    assert main(["run", *args, f"run.dir={part}", "run.stop_after=7"]) == 0
-    assert main(["run", *args, f"run.dir={part}", "resume=auto"]) == 0
-    a, b = load_file(str(full / "model" / "model.safetensors")), load_file(str(part / "model" / "model.safetensors"))
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [M.deterministic_view(r) for r in read_rows(full)] == [M.deterministic_view(r) for r in read_rows(part)]
-    rl = [r for r in read_rows(full) if r["stage_type"] == "rl"]
+    wa, wb = load_file(str(a / "model" / "model.safetensors")), load_file(str(b / "model" / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert [M.deterministic_view(r) for r in read_rows(a)] == [M.deterministic_view(r) for r in read_rows(b)]
+
+
+@needs_vllm
+@pytest.mark.parametrize("fault", ["die", "stall"])
+def test_a_vllm_worker_that_dies_or_stalls_stops_the_run_by_name_and_resume_ends_identical(
+        fault, ahead_run, tmp_path, monkeypatch, capsys):
+    """The worker (generating ahead: rollout.max_staleness=1) is SIGKILLed, or stops answering, at its 7th
+    generate request (rl step 5 or 6, after the checkpoint of global step 6). The run exits 1 with an error
+    that names the worker, its pid and how it ended, and quotes its log; the checkpoint is intact, and
+    resume=auto (a sound worker) ends with the weights and rows of the run that never failed (samples
+    seeded per prompt group, the batch generated ahead saved with the checkpoint)."""
+    import json
+
+    from unirl.rollouts.vllm_engine import VLLMRollout
+
+    hit = tmp_path / "hit"
+    monkeypatch.setattr(VLLMRollout, "worker_script", FAULTS / "vllm_worker_fault.py")
+    monkeypatch.setenv("UNIRL_VLLM_FAULT", f"{fault}:7")
+    assert main(["run", *AHEAD, f"run.dir={hit}", "rollout.call_timeout_s=5"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    # the request that waits on it: the batch generated ahead, or the weight push queued behind it
+    ended = "killed by signal 9) " if fault == "die" else "within rollout.call_timeout_s=5 and was stopped"
+    assert "the vLLM worker (pid " in err and ended in err, err[-2000:]
+    assert f"fault: {fault} at generate request 7" in err and str(hit / "rollout-vllm.log") in err
+    assert json.loads((hit / "run.json").read_text())["status"] == "failed"
+    saved = sorted(p.name for p in (hit / "checkpoints").iterdir())
+    assert saved[-1] == "step-00000006" and not any(p.endswith(".tmp") for p in saved)
+    monkeypatch.undo()
+    assert main(["run", *AHEAD, f"run.dir={hit}", "rollout.call_timeout_s=5", "resume=auto"]) == 0
+    _same_run(ahead_run, hit)
+    rl = [r for r in read_rows(hit) if r["stage_type"] == "rl"]
     assert [r[M.ASYNC_STALENESS_MAX] for r in rl] == [0] + [1] * 7
 
 
@@ -258,10 +381,10 @@ def test_processed_logprobs_are_the_filtered_renormalised_distribution(engine):
         params = kit.engine.default_params(64)
         params.max_new_tokens, params.temperature, params.top_k, params.top_p, params.logprobs = 1, 0.7, 40, 0.9, True
         batch = kit.engine.generate(["3+4="], params)
+        with torch.no_grad():
+            logits = _hf(kit.model, weights)(kit.tokenizer(["3+4="], return_tensors="pt").input_ids).logits[0, -1]
     finally:
         kit.close()
-    with torch.no_grad():
-        logits = _hf(kit.model, weights)(kit.tokenizer(["3+4="], return_tensors="pt").input_ids).logits[0, -1]
     q = filtered_probs(logits, 0.7, 40, 0.9)
     tokens = batch.input_ids[:, batch.prompt_len]
     got = batch.rollout_logprobs[:, batch.prompt_len - 1]

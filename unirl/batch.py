@@ -39,6 +39,8 @@ class RolloutBatch:
     is_weights: torch.Tensor | None = None
     #: [B] long: the policy version (weight pushes) each sequence was generated with
     policy_version: torch.Tensor | None = None
+    #: [B] long: the Ray rollout worker that sampled each sequence (``rollout.workers``; None in process)
+    rollout_worker: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -98,7 +100,7 @@ class RolloutBatch:
             prompts=[p for b in batches for p in b.prompts],
             completions=[c for b in batches for c in b.completions],
             extras={k: [v for b in batches for v in b.extras[k]] for k in batches[0].extras},
-            **{name: cat_opt(name) for name in ("rewards", "policy_version", *TOKEN_FIELDS)},
+            **{name: cat_opt(name) for name in ("rewards", "policy_version", "rollout_worker", *TOKEN_FIELDS)},
         )
 
     def to_state(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import json
 import sys
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 
 from unirl import __version__
 from unirl.errors import UnirlError, UsageError
@@ -117,12 +118,18 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
     if args.backends and not args.rollout:
         raise UsageError("--backends applies to --rollout (the backends whose log-probs the engine's are compared "
                          "with); a backend's own levels take --backend.")
+    if args.model and not args.rollout:
+        raise UsageError("--model applies to --rollout (the model the engine is checked on); a backend's levels "
+                         "take --set model.path=DIR.")
     if args.rollout:
         from unirl.testing.rollout_level import run_rollout_checks
 
-        if args.learn_steps or args.level != "L0..L3" or args.set or args.steps != 4:
-            raise UsageError("--rollout takes --option (the engine's options) and --backends; --level, --set, "
-                             "--steps and --learn-steps apply to backends and components.")
+        model_keys = ("model.path=", "model.dtype=")
+        if args.learn_steps or args.level != "L0..L3" or args.steps != 4 or \
+                any(not s.startswith(model_keys) for s in args.set):
+            raise UsageError("--rollout takes --option (the engine's options), --backends, --model DIR and --set "
+                             "model.path=DIR / model.dtype=DTYPE; --level, --steps, --learn-steps and other --set "
+                             "keys apply to backends and components.")
         host.registry.get("rollout", args.rollout, key="--rollout")  # unknown: exit 2 listing the installed ones
         subject = f"rollout {args.rollout}"
         backends = None
@@ -131,12 +138,21 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
             for b in backends:
                 host.registry.get("backend", b, key="--backends")
         options = _key_values(args.option, "--option")
+        model_sets = [*args.set, *([f"model.path={args.model}"] if args.model else [])]
         from unirl.config import load_recipe
 
-        load_recipe(None, [f"rollout.name={args.rollout}", *(f"rollout.{k}={json.dumps(v)}" for k, v in options.items()),
-                           "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",  # the kit's model shape
-                           "stages=[{name: s, type: rl, steps: 1}]"], host=host)  # bad options: exit 2 now
-        results = run_rollout_checks(args.rollout, options, host=host, backends=backends, progress=progress)
+        recipe = load_recipe(None, [f"rollout.name={args.rollout}",
+                                    *(f"rollout.{k}={json.dumps(v)}" for k, v in options.items()),
+                                    "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",  # the kit's own model
+                                    *model_sets, "stages=[{name: s, type: rl, steps: 1}]"],
+                             host=host)  # bad options, dtype or a shape the engine refuses: exit 2 now
+        model = recipe.model.path
+        if model is not None and not (Path(model) / "config.json").is_file():
+            raise UsageError(f"--model {model}: not a model folder (no config.json there). The rollout level "
+                             f"loads the model with transformers beside the engine: give a local folder written "
+                             f"by save_pretrained.")
+        results = run_rollout_checks(args.rollout, options, host=host, backends=backends, model=model,
+                                     dtype=str(recipe.model.dtype), progress=progress)
     elif component is not None:
         from unirl.testing.component_checks import run_component_checks
 
@@ -389,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "engine-mode backend's (docs/rollouts.md)")
     conf.add_argument("--backends", metavar="A,B", help="with --rollout: the backends to compare log-probs with "
                                                         "(default: every installed engine-mode backend)")
+    conf.add_argument("--model", metavar="DIR", help="with --rollout: the model folder every check runs on (yours: "
+                                                     "any architecture transformers and the engine load; default: a "
+                                                     "tiny Qwen2); its dtype with --set model.dtype=bfloat16")
     conf.add_argument("--level", default="L0..L3", help="a level (L1) or a range (L0..L3, the default)")
     conf.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                       help="an option of the reward, task, buffer or environment (repeatable)")

@@ -85,6 +85,12 @@ class RunError(UnirlError):
     """A run failed after it started (exit code 1); the run directory keeps what was written."""
 
 
+class WorkerLost(RunError):
+    """A worker process the run depends on (a rollout engine's) died or stopped answering. The
+    message names the worker and quotes the end of its log. Inside a Ray rollout worker it is that
+    worker's death: the pool replaces the worker and sends its call again."""
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return `` Did you mean 'x'?`` for the closest choice, or an empty string."""
     close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)

@@ -59,6 +59,8 @@ TIME_BOUNDARY = "time/boundary_s"
 # train-inference mismatch: |rollout engine's log-prob - trainer's log-prob| of each sampled response token
 ROLLOUT_LOGPROB_DIFF_MEAN = "rollout/logprob_diff_mean"
 ROLLOUT_LOGPROB_DIFF_MAX = "rollout/logprob_diff_max"
+# Ray rollout workers (rollout.workers > 1): the same gap per worker, ``rollout/worker{i}/logprob_diff_{mean,max}``
+ROLLOUT_WORKER_PREFIX = "rollout/worker"
 ROLLOUT_SEQUENCES = "rollout/sequences"  # Ray rollout pool: sequences this step took from its workers (trained or dropped)
 # generation ahead of training (rollout.max_staleness > 0): policy versions are updates of the run
 ASYNC_STALENESS_MEAN = "async/staleness_mean"  # mean over the step's sequences of (updates now - version generated with)
@@ -115,7 +117,12 @@ def check_row_keys(keys: Any, backend: str) -> list[str]:
     (:data:`SHARED`, :data:`ROW_KEYS`), nor a machine measurement (:data:`NONDETERMINISTIC_PREFIXES`),
     nor the backend's own (``f"{backend}/..."``)."""
     return sorted(k for k in keys if k not in SHARED and k not in ROW_KEYS
-                  and not k.startswith((*NONDETERMINISTIC_PREFIXES, f"{backend}/")))
+                  and not k.startswith((*NONDETERMINISTIC_PREFIXES, ROLLOUT_WORKER_PREFIX, f"{backend}/")))
+
+
+def per_worker(key: str, worker: int) -> str:
+    """``rollout/logprob_diff_max`` of Ray rollout worker ``worker``: ``rollout/worker{worker}/logprob_diff_max``."""
+    return f"{ROLLOUT_WORKER_PREFIX}{worker}/{key.split('/', 1)[1]}"
 
 
 def peak_memory_bytes() -> int:

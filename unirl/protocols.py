@@ -708,6 +708,9 @@ class BuildContext:
     tokenizer: Any = None
     trainer: EngineTrainer | StageRunner | None = None
     start_step: int = 0  # the global step a run starts (or resumes) after: a logger's first row is the next
+    #: the Ray rollout worker building this component (``rollout.workers``), None in the driver's
+    #: process: an engine holding a process of its own names its log and its errors by it
+    worker: int | None = None
 
 
 @runtime_checkable

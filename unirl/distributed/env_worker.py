@@ -152,9 +152,10 @@ def _build(spec: str, args: Any) -> Any:
     return getattr(importlib.import_module(module), attr)(*args)
 
 
-def _watch_driver(driver: int) -> None:
+def watch_driver(driver: int) -> None:
     """End this process when the driver that started it is gone (SIGKILLed: no stop message will come,
-    and the rank may be inside a long call), so that no rank outlives its run."""
+    and the rank may be inside a long call), so that no rank outlives its run. (The vLLM worker,
+    :mod:`unirl.rollouts.vllm_worker`, loads this file by path for the same purpose.)"""
     import threading
 
     def watch() -> None:
@@ -208,5 +209,5 @@ def serve(address: str, authkey: bytes) -> None:
 
 if __name__ == "__main__":
     sys.stdout.reconfigure(line_buffering=True)  # the driver quotes the log's tail on a failure
-    _watch_driver(int(os.environ.pop("UNIRL_WORKER_DRIVER")))
+    watch_driver(int(os.environ.pop("UNIRL_WORKER_DRIVER")))
     serve(sys.argv[1], bytes.fromhex(os.environ.pop("UNIRL_WORKER_AUTHKEY")))

@@ -9,7 +9,11 @@ from typing import Any
 
 
 class ActorBody:
-    """What every pool's actor answers besides its own work."""
+    """What every pool's actor answers besides its own work. A body whose ``indexed`` is True is
+    built with ``worker=INDEX`` besides the pool's arguments (its place in the pool, kept by its
+    replacement)."""
+
+    indexed = False
 
     def pid(self) -> int:
         import os
@@ -31,7 +35,7 @@ class ActorPool:
 
         self.ray, self.kind = ray, kind
         self._actor = ray.remote(num_cpus=0)(body)  # threads are set explicitly; no CPU slot is reserved
-        self._args = args
+        self._args, self._indexed = args, bool(getattr(body, "indexed", False))
         self._name = f"unirl-{kind}-{uuid.uuid4().hex[:8]}"
         self._keys = (answered_key, restarts_key)
         self.restarts = 0  # workers replaced after they died (killed, out of memory, crashed)
@@ -43,14 +47,17 @@ class ActorPool:
         return len(self.workers)
 
     def _start(self, i: int) -> Any:
-        return self._actor.options(name=f"{self._name}-{i}-{self.restarts}").remote(*self._args)
+        kwargs = {"worker": i} if self._indexed else {}
+        return self._actor.options(name=f"{self._name}-{i}-{self.restarts}").remote(*self._args, **kwargs)
 
     def _replace(self, i: int, exc: Exception) -> None:
         import warnings
 
         self.restarts += 1
-        warnings.warn(f"{self.kind} worker {i} died ({type(exc).__name__}); a new one takes its place and its call "
-                      f"is sent again", RuntimeWarning, stacklevel=4)
+        cause = getattr(exc, "cause", None)
+        why = f"{type(exc).__name__}" if cause is None else f"{type(cause).__name__}: {str(cause).splitlines()[0]}"
+        warnings.warn(f"{self.kind} worker {i} died ({why}); a new one takes its place and its call is sent again",
+                      RuntimeWarning, stacklevel=4)
         try:
             self.ray.kill(self.workers[i])
         except Exception:  # noqa: BLE001 - already gone
@@ -62,14 +69,22 @@ class ActorPool:
 
     def get(self, i: int, method: str, *args: Any, ref: Any = None, attempts: int = 3) -> Any:
         """``workers[i].method(*args)`` (``ref``: the call already sent), sent again to a new worker
-        when it died; the same arguments give the same answer (seeds and random state travel with it)."""
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+        when it died, or when a process it owns did (its call raised :class:`~unirl.errors.WorkerLost`:
+        a vLLM engine's); the same arguments give the same answer (seeds and random state travel with it)."""
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+
+        from unirl.errors import WorkerLost
 
         for attempt in range(attempts):
             try:
                 return self.ray.get(ref if ref is not None else self.submit(i, method, *args))
-            except (RayActorError, ActorDiedError, ActorUnavailableError) as exc:
+            except (RayActorError, ActorDiedError, ActorUnavailableError, RayTaskError) as exc:
+                lost = isinstance(exc, RayTaskError) and isinstance(getattr(exc, "cause", None), WorkerLost)
+                if isinstance(exc, RayTaskError) and not lost:
+                    raise
                 if attempt == attempts - 1:
+                    if lost:  # the engine's own message: which process, how it ended, its log
+                        raise exc.cause from exc
                     raise
                 self._replace(i, exc)
                 ref = None

@@ -19,7 +19,14 @@ state and brings it back advanced, so the worker draws exactly the samples the i
 draws, and the run's metrics equal an in-process run's. Otherwise (N > 1 workers, or a call
 requested ahead) each call draws one 62-bit number ``s`` from the driver's generator when it is
 submitted, and worker ``i`` samples from ``torch.manual_seed(s + i)``: a run is reproducible for
-a given seed, N and ``max_staleness``.
+a given seed, N and ``max_staleness``. An engine that seeds each prompt group from its number
+(vLLM, :meth:`unirl.rollouts.vllm_engine.VLLMRollout._group_seed`) is told the run's number of the
+call's first group, so it draws what the in-process engine draws, whatever the worker.
+
+A worker whose engine process died or hung (:class:`~unirl.errors.WorkerLost`, e.g. a vLLM worker
+SIGKILLed) counts as a dead worker: it is replaced and the call sent again. The batch records which
+worker sampled each row (``RolloutBatch.rollout_worker``): the step's row reports the train-inference
+gap per worker (``rollout/worker{i}/logprob_diff_*``) beside the merged one.
 """
 
 from __future__ import annotations
@@ -35,7 +42,9 @@ from unirl.protocols import SamplingParams
 class RolloutWorker(ActorBody):
     """The body of one rollout actor: the recipe's engine on its own copy of the policy."""
 
-    def __init__(self, recipe: dict[str, Any], model_path: str, run_dir: str, threads: int) -> None:
+    indexed = True  # its engine is built with BuildContext.worker (a vLLM worker names its log by it)
+
+    def __init__(self, recipe: dict[str, Any], model_path: str, run_dir: str, threads: int, worker: int) -> None:
         import torch
         from omegaconf import OmegaConf
 
@@ -45,16 +54,23 @@ class RolloutWorker(ActorBody):
 
         torch.set_num_threads(threads)  # the driver's: the same kernels, the same float sums
         cfg = OmegaConf.create(recipe)
-        ctx = BuildContext(recipe=cfg, run_dir=run_dir, model_path=model_path, tokenizer=load_tokenizer(model_path))
+        ctx = BuildContext(recipe=cfg, run_dir=run_dir, model_path=model_path, tokenizer=load_tokenizer(model_path),
+                           worker=worker)
         self.engine = build_component(cfg, "rollout", "rollout", ctx)
         self.version = 0
 
     def generate(self, prompts: list[str], params: SamplingParams, rng_state: Any, seed: int | None,
-                 weights: Any, version: int) -> tuple:
+                 weights: Any, version: int, first_group: int) -> tuple:
         import torch
 
         if version != self.version:  # the policy this call was requested with (a Ray object ref resolves to it)
             self.load_weights(weights, version)
+        # the engine numbers this call's groups from the run's count, as the in-process engine would: an
+        # engine seeding each group by its number (vLLM) draws the same samples on any worker, a
+        # replacement, or a resumed run
+        state = self.engine.state_dict()
+        if "next_group" in state:
+            self.engine.load_state_dict({**state, "next_group": first_group})
         if seed is None:
             torch.set_rng_state(rng_state)
         else:
@@ -105,14 +121,14 @@ class RayRolloutPool:
         n = min(len(self.pool), len(prompts))
         bounds = [len(prompts) * i // n for i in range(n + 1)]
         travel = n == 1 and immediate  # the driver's random state goes and comes back
+        first_group, self._next_group = self._next_group, self._next_group + len(prompts)
         if travel:
-            args = [(prompts, params, torch.get_rng_state(), None, self._weights, self.version)]
+            args = [(prompts, params, torch.get_rng_state(), None, self._weights, self.version, first_group)]
         else:
             base = int(torch.randint(0, 2**62, (1,)).item())
-            args = [(prompts[bounds[i]:bounds[i + 1]], params, None, base + i, self._weights, self.version)
-                    for i in range(n)]
+            args = [(prompts[bounds[i]:bounds[i + 1]], params, None, base + i, self._weights, self.version,
+                     first_group + bounds[i]) for i in range(n)]
         refs = [self.pool.submit(i, "generate", *a) for i, a in enumerate(args)]
-        first_group, self._next_group = self._next_group, self._next_group + len(prompts)
         return {"args": args, "refs": refs, "bounds": bounds, "first_group": first_group, "travel": travel}
 
     def collect(self, ticket: Any) -> RolloutBatch:
@@ -124,8 +140,9 @@ class RayRolloutPool:
         if ticket["travel"]:
             torch.set_rng_state(answers[0][1])
         parts = []
-        for (part, _), lo in zip(answers, ticket["bounds"]):
+        for i, ((part, _), lo) in enumerate(zip(answers, ticket["bounds"])):
             part.group_index = part.group_index - part.group_index.min() + ticket["first_group"] + lo
+            part.rollout_worker = torch.full((len(part),), i, dtype=torch.long)
             parts.append(part)
         return RolloutBatch.concat(parts, pad_id=self.pad_id)
 

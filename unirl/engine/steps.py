@@ -146,12 +146,26 @@ class StepSkipped(Exception):
 
 
 def logprob_mismatch(rollout_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor,
-                     mask: torch.Tensor) -> dict[str, float]:
+                     mask: torch.Tensor, workers: torch.Tensor | None = None) -> dict[str, float]:
     """``rollout/logprob_diff_mean`` and ``_max``: ``|log pi_rollout(y_t) - log pi_trainer(y_t)|`` over
-    the response tokens, the trainer's log-probs taken before the update (docs/semantics.md)."""
+    the response tokens, the trainer's log-probs taken before the update (docs/semantics.md); with
+    the rows of several Ray rollout workers (``workers``: each row's), each worker's too
+    (``rollout/worker{i}/logprob_diff_*``: one engine whose push went wrong shows as itself)."""
     diff = (rollout_logprobs.float() - trainer_logprobs.float()).abs() * mask
-    return {M.ROLLOUT_LOGPROB_DIFF_MEAN: float(diff.sum() / mask.sum().clamp(min=1)),
-            M.ROLLOUT_LOGPROB_DIFF_MAX: float(diff.max()) if diff.numel() else 0.0}
+    row = {M.ROLLOUT_LOGPROB_DIFF_MEAN: float(diff.sum() / mask.sum().clamp(min=1)),
+           M.ROLLOUT_LOGPROB_DIFF_MAX: float(diff.max()) if diff.numel() else 0.0}
+    if several_workers(workers):
+        assert workers is not None
+        for w in workers.unique().tolist():
+            mine = workers == w
+            row[M.per_worker(M.ROLLOUT_LOGPROB_DIFF_MEAN, w)] = float(diff[mine].sum() / mask[mine].sum().clamp(min=1))
+            row[M.per_worker(M.ROLLOUT_LOGPROB_DIFF_MAX, w)] = float(diff[mine].max())
+    return row
+
+
+def several_workers(workers: torch.Tensor | None) -> bool:
+    """Whether a batch's rows came from more than one Ray rollout worker."""
+    return workers is not None and workers.unique().numel() > 1
 
 
 def _generate_and_score(c: RunParts, prompts: int, timer: PhaseTimer) -> RolloutBatch:
@@ -241,7 +255,9 @@ def _score(c: RunParts, batch: RolloutBatch, timer: PhaseTimer) -> tuple[bool, d
         c.request = score_request(c.recipe)
     request, trainer = c.request, c.trainer
     mismatch = batch.rollout_logprobs is not None
-    reported = mismatch and not request.old_logprobs and reports_logprob_diff(trainer)
+    # the gap per Ray rollout worker needs the log-probs here: a trainer's own report is the merged gap only
+    reported = mismatch and not request.old_logprobs and reports_logprob_diff(trainer) and \
+        not several_workers(batch.rollout_worker)
     scored = mismatch and not reported
     with timer("score"):
         scores = trainer.score(batch, replace(request, old_logprobs=True) if scored else request)
@@ -251,7 +267,8 @@ def _score(c: RunParts, batch: RolloutBatch, timer: PhaseTimer) -> tuple[bool, d
     batch.old_logprobs = scores.old_logprobs if (request.old_logprobs or not reported) else None
     batch.ref_logprobs, batch.values = scores.ref_logprobs, scores.values
     mask = batch.response_mask[:, 1:].float()
-    return reported, logprob_mismatch(batch.rollout_logprobs, scores.old_logprobs, mask) if scored else {}
+    return reported, logprob_mismatch(batch.rollout_logprobs, scores.old_logprobs, mask,
+                                      batch.rollout_worker) if scored else {}
 
 
 def _advantages(c: RunParts, batch: RolloutBatch, timer: PhaseTimer) -> torch.Tensor | None:

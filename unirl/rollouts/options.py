@@ -86,6 +86,9 @@ class VLLMConfig(SamplingConfig):
     kv_cache_gib: float = 1.0  # CPU: VLLM_CPU_KVCACHE_SPACE
     gpu_memory_utilization: float = 0.5  # CUDA: the share of the GPU the engine takes
     startup_timeout_s: float = 600.0
+    #: the longest one generate or weight push may take; a worker silent for longer is stopped and the
+    #: run ends with an error quoting its log (resume continues from the last checkpoint)
+    call_timeout_s: float = 1800.0
 
     @staticmethod
     def validate(cfg: VLLMConfig, recipe: Any = None) -> str | None:
@@ -112,8 +115,9 @@ class VLLMConfig(SamplingConfig):
             return f"verify_push={cfg.verify_push!r}: use one of {', '.join(VERIFY_PUSH)}."
         if cfg.dtype not in (None, "float32", "bfloat16", "float16"):
             return f"dtype={cfg.dtype!r}: use float32, bfloat16, float16 or null (model.dtype)."
-        if cfg.threads < 0 or cfg.kv_cache_gib <= 0 or cfg.startup_timeout_s <= 0:
-            return "threads (>= 0; 0: run.threads), kv_cache_gib (> 0) and startup_timeout_s (> 0) must be positive."
+        if cfg.threads < 0 or cfg.kv_cache_gib <= 0 or cfg.startup_timeout_s <= 0 or cfg.call_timeout_s <= 0:
+            return ("threads (>= 0; 0: run.threads), kv_cache_gib, startup_timeout_s and call_timeout_s (> 0) must "
+                    "be positive.")
         if not 0 < cfg.gpu_memory_utilization <= 1:
             return f"gpu_memory_utilization={cfg.gpu_memory_utilization} must be in (0, 1]."
         from unirl.rollouts.vllm_env import find_python

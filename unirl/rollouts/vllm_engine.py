@@ -36,7 +36,7 @@ from unirl import metrics as M
 from unirl.batch import RolloutBatch
 from unirl.distributed.env_ranks import connect_worker
 from unirl.distributed.env_worker import shared_folder
-from unirl.errors import ConfigError, RunError
+from unirl.errors import ConfigError, RunError, WorkerLost
 from unirl.protocols import BuildContext, SamplingParams
 from unirl.rollouts.vllm_env import find_python
 
@@ -78,10 +78,13 @@ class VLLMRollout:
             raise ConfigError(problem, key="rollout.python", value=config.python)
         self.config, self.tokenizer = config, ctx.tokenizer
         self.seed = int(ctx.recipe.seed)
+        #: who the worker serves, for messages: the driver, or Ray rollout worker ``ctx.worker``
+        self.owner = "" if ctx.worker is None else f"Ray rollout worker {ctx.worker}'s "
         self._next_group = 0
         self._version = 0  # weight pushes so far
         self._pushes: list[float] = []  # seconds of each weight push since the last row
-        self._log = Path(ctx.run_dir) / LOG_NAME if ctx.run_dir else Path(tempfile.gettempdir()) / LOG_NAME
+        log_name = LOG_NAME if ctx.worker is None else LOG_NAME.replace(".log", f"-worker{ctx.worker}.log")
+        self._log = Path(ctx.run_dir or tempfile.gettempdir()) / log_name
         self._next_id = 0
         self._answers: dict[int, dict[str, Any]] = {}
         max_len = int(config.max_model_len) or self._model_max_len(ctx.model_path)
@@ -108,7 +111,8 @@ class VLLMRollout:
         env.update({"UNIRL_VLLM_AUTHKEY": key.hex(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                     "VLLM_CPU_KVCACHE_SPACE": f"{self.config.kv_cache_gib:g}",
                     "OMP_NUM_THREADS": str(self._threads(ctx)), "VLLM_LOGGING_LEVEL": "WARNING",
-                    "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+                    "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                    "UNIRL_VLLM_DRIVER": str(os.getpid())})  # the worker ends when this process is gone
         self._log.parent.mkdir(parents=True, exist_ok=True)
         with open(self._log, "ab") as log:  # the worker keeps its own descriptor
             # -P: the worker's folder (unirl/rollouts) must not shadow the vllm package on sys.path
@@ -116,11 +120,12 @@ class VLLMRollout:
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         self._conn = connect_worker(self._proc, address, key, time.monotonic() + self.config.startup_timeout_s)
         if self._conn is None and self._proc.poll() is not None:
-            raise RunError(self._died("exited before it connected"))
+            raise WorkerLost(self._died("exited before it connected"))
         if self._conn is None:
             self._proc.kill()
-            raise RunError(f"the vLLM worker did not start within rollout.startup_timeout_s="
-                           f"{self.config.startup_timeout_s:g}; its log: {self._log}")
+            self._proc.wait(timeout=30)
+            raise WorkerLost(self._died(f"did not start within rollout.startup_timeout_s="
+                                        f"{self.config.startup_timeout_s:g}"))
         self._finalizer = weakref.finalize(self, _stop, self._proc, self._conn, self._tmp)
 
     def _threads(self, ctx: BuildContext) -> int:
@@ -129,42 +134,59 @@ class VLLMRollout:
         return int(self.config.threads or ctx.recipe.run.threads or os.cpu_count() or 1)
 
     def _died(self, what: str) -> str:
+        """What happened to the worker, named (whose, its pid, how it ended) with the end of its log."""
         tail = ""
         try:
             tail = "\n".join(self._log.read_text(errors="replace").splitlines()[-25:])
         except OSError:
             pass
-        return f"the vLLM worker {what} (exit {self._proc.poll()}); the end of its log {self._log}:\n{tail}"
+        code = self._proc.poll()
+        ended = "" if code is None else f", killed by signal {-code}" if code < 0 else f", exit {code}"
+        return (f"the {self.owner}vLLM worker (pid {self._proc.pid}{ended}) {what}; the end of its log "
+                f"{self._log}:\n{tail}")
 
     def _send(self, op: str, **kwargs: Any) -> int:
         rid, self._next_id = self._next_id, self._next_id + 1
         try:
             self._conn.send({"op": op, "id": rid, **kwargs})
         except (BrokenPipeError, ConnectionResetError, OSError) as exc:
-            raise RunError(self._died(f"could not be sent {op!r} ({exc})")) from exc
+            raise WorkerLost(self._died(f"could not be sent {op!r} ({exc})")) from exc
         return rid
 
-    def _recv(self, rid: int, timeout: float | None = None) -> dict[str, Any]:
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def _recv(self, rid: int, timeout: float | None = None, op: str = "") -> dict[str, Any]:
+        """The answer to request ``rid``. A worker that died, or that has not answered within ``timeout``
+        seconds (default ``rollout.call_timeout_s``; it is then stopped), is a :class:`WorkerLost`
+        naming it and quoting its log."""
+        limit = float(self.config.call_timeout_s) if timeout is None else timeout
+        deadline = time.monotonic() + limit
         while rid not in self._answers:
             try:
-                if not self._conn.poll(1.0):
+                if not self._conn.poll(min(1.0, max(0.0, deadline - time.monotonic()))):
                     if self._proc.poll() is not None:
-                        raise RunError(self._died("died"))
-                    if deadline is not None and time.monotonic() > deadline:
-                        raise RunError(f"the vLLM worker did not answer within {timeout:g} s; its log: {self._log}")
+                        raise WorkerLost(self._died(f"died during {op or 'a request'}"))
+                    if time.monotonic() >= deadline:
+                        self._proc.kill()
+                        self._proc.wait(timeout=30)
+                        key = "rollout.startup_timeout_s" if op == "init" else "rollout.call_timeout_s"
+                        raise WorkerLost(self._died(f"did not answer {op or 'a request'} within {key}={limit:g} "
+                                                    f"and was stopped"))
                     continue
                 answer = self._conn.recv()
             except (EOFError, ConnectionResetError, OSError) as exc:
-                raise RunError(self._died(f"closed the connection ({type(exc).__name__})")) from exc
+                try:
+                    self._proc.wait(timeout=5)  # its exit status, for the message
+                except subprocess.TimeoutExpired:
+                    pass
+                raise WorkerLost(self._died(f"closed the connection during {op or 'a request'} "
+                                            f"({type(exc).__name__})")) from exc
             self._answers[answer.pop("id")] = answer
         answer = self._answers.pop(rid)
         if "error" in answer:
-            raise RunError(f"the vLLM worker failed:\n{answer['error']}")
+            raise RunError(f"the {self.owner}vLLM worker failed:\n{answer['error']}")
         return answer
 
     def _call(self, op: str, timeout: float | None = None, **kwargs: Any) -> dict[str, Any]:
-        return self._recv(self._send(op, **kwargs), timeout)
+        return self._recv(self._send(op, **kwargs), timeout, op)
 
     def close(self) -> None:
         self._finalizer()
@@ -186,7 +208,7 @@ class VLLMRollout:
         self._next_group += len(prompts)
         seeds = [self._group_seed(first + i) for i in range(len(prompts))]
         rid = self._send("generate", prompts=prompt_ids, n=params.n, sampling=self._sampling(params), seeds=seeds)
-        return {"id": rid, "prompts": prompts, "prompt_ids": prompt_ids, "first_group": first, "n": params.n,
+        return {"id": rid, "op": "generate", "prompts": prompts, "prompt_ids": prompt_ids, "first_group": first, "n": params.n,
                 "logprobs": bool(params.logprobs)}
 
     @staticmethod
@@ -223,7 +245,7 @@ class VLLMRollout:
         return int.from_bytes(digest, "little") % (2**31 - 4096)
 
     def collect(self, ticket: Any) -> RolloutBatch:
-        answer = self._recv(ticket["id"])
+        answer = self._recv(ticket["id"], op="generate")
         return self._batch(ticket, answer["outputs"])
 
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> RolloutBatch:
@@ -272,7 +294,7 @@ class VLLMRollout:
         self._version += 1
         answer = self._call("load_weights", version=self._version, verify=self.config.verify_push, **payload)
         if answer["version"] != self._version:
-            raise RunError(f"the vLLM worker holds policy version {answer['version']} after push {self._version}")
+            raise RunError(f"the {self.owner}vLLM worker holds policy version {answer['version']} after push {self._version}")
         return answer
 
     def _push_file(self, weights: Mapping[str, torch.Tensor]) -> dict[str, Any]:

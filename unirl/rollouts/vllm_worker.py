@@ -147,9 +147,28 @@ class Worker:
                 "differs": differs, "repacked": repacked}
 
 
+def _watch_driver() -> None:
+    """End when the process that started this one is gone (a Ray rollout worker SIGKILLed, a driver
+    killed): no stop message will come, and a generate may be running. The rule is the backend
+    ranks' (``unirl/distributed/env_worker.py``, loaded by path: unirl is not installed here)."""
+    import importlib.util
+    from pathlib import Path
+
+    driver = os.environ.pop("UNIRL_VLLM_DRIVER", None)
+    if driver is None:
+        return
+    spec = importlib.util.spec_from_file_location(
+        "unirl_env_worker", Path(__file__).resolve().parents[1] / "distributed" / "env_worker.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.watch_driver(int(driver))
+
+
 def main() -> int:
     from multiprocessing.connection import Listener
 
+    _watch_driver()
     address, key = sys.argv[1], bytes.fromhex(os.environ.pop("UNIRL_VLLM_AUTHKEY"))
     with Listener(address, family="AF_UNIX", authkey=key) as listener:  # the trainer connects once
         conn = listener.accept()

@@ -137,7 +137,7 @@ def rollout_cells(host: Any, backends: list[str],
             cells[engine][""] = str(exc).partition(": ")[2].split(":")[0].strip()  # why, in a line under the table
             continue
         if results is not None and engine in results:
-            ran = {r.knobs["backend"]: r for r in results[engine] if r.check == "logprobs"}
+            ran = {r.knobs["backend"]: r for r in results[engine] if r.check == "logprobs" and "lora" not in r.knobs}
             cells[engine] = _logprob_cells(backends, engine_mode, ran.get)
             continue
         kit = RolloutKit(engine, host=host)

@@ -23,6 +23,13 @@ CPU fences (each guarded by a test in ``backends/unirl-areal/tests``), all insid
   (log-probs off by up to 0.8 on the tiny model). :func:`_mask_packed_attention` gives the model the
   block-diagonal causal mask of the micro-batch's ``cu_seq_lens_q`` instead.
   ``backend_options.mask_packed_attention=false`` turns it off (the conformance kit catches it).
+- **one mask for models that take one.** The same call passes that mapping to every model but Qwen3
+  MoE/VL/3.5 (``areal/engine/fsdp_engine.py:1890-1901``); ``transformers`` models without per-layer
+  attention types (Llama, Mistral: no ``config.layer_types``) take one mask, and the mapping fails in
+  ``create_causal_mask`` (``AttributeError: 'dict' object has no attribute 'ndim'``,
+  ``transformers/masking_utils.py:800``). :func:`_one_mask_for_plain_models` hands them the mapping's
+  mask (the block-diagonal one above, or None: causal). Not an option: without it those models do not
+  run at all. Guarded by ``tests/test_areal_backend.py::test_areal_still_passes_a_mask_mapping_to_every_model``.
 - **no page padding.** AReaL pads each packed micro-batch to a multiple of 256 tokens for GPU memory
   pages (:data:`PAGE_TOKENS`); on a CPU that is pure work.
 - **no torch.compile.** ``areal/utils/functional/vocab_parallel.py`` compiles the log-prob gather
@@ -74,6 +81,22 @@ def _mask_packed_attention(model: Any) -> None:
         return forward(*args, **kwargs)
 
     model.forward = masked_forward
+
+
+def _one_mask_for_plain_models(model: Any) -> None:
+    """The one-mask fence (module docstring), for a model whose config has no ``layer_types``: a mask
+    mapping becomes the one mask it holds (None: causal)."""
+    if getattr(getattr(model, "config", None), "layer_types", None) is not None:
+        return  # it reads the mapping by layer type
+    forward = model.forward
+
+    def one_mask_forward(*args: Any, **kwargs: Any) -> Any:
+        masks = kwargs.get("attention_mask")
+        if isinstance(masks, dict):
+            kwargs["attention_mask"] = next((v for v in masks.values() if v is not None), None)
+        return forward(*args, **kwargs)
+
+    model.forward = one_mask_forward
 
 
 class Layout:
@@ -142,6 +165,7 @@ class ArealRank:
         engine = FSDPPPOActor(config)
         engine.create_process_group(ParallelStrategy())
         engine.initialize(None, FinetuneSpec(total_train_epochs=1, dataset_size=1, train_batch_size=1))
+        _one_mask_for_plain_models(engine.model)  # first: the packed fence below hands it the mapping
         if self.options.get("mask_packed_attention", True):
             _mask_packed_attention(engine.model)
         return engine
