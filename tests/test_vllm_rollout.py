@@ -179,6 +179,23 @@ def test_a_model_the_engine_cannot_serve_is_refused_with_the_engines_reason(tmp_
 
 
 @needs_vllm
+def test_vllm_still_compiles_its_sampler_ops():
+    """Guard of the eager fence (unirl/rollouts/vllm_engine.py EAGER_ON_CPU): the worker runs vLLM's
+    torch.compile'd sampler ops eagerly on a CPU. When vLLM no longer compiles them, remove the fence.
+    (Its effect, the same tokens and engines that start under ATEN_CPU_CAPABILITY=default, is every other
+    vLLM test here.)"""
+    import subprocess
+
+    from unirl.rollouts.vllm_engine import EAGER_ON_CPU
+
+    folder = subprocess.run([python, "-c", "import importlib.util; print(importlib.util.find_spec('vllm')"
+                             ".submodule_search_locations[0])"], capture_output=True, text=True, check=True)
+    path, line = EAGER_ON_CPU
+    source = (Path(folder.stdout.strip()).parent / path).read_text()
+    assert line in source, f"vLLM no longer compiles {path}: remove EAGER_ON_CPU in unirl/rollouts/vllm_engine.py"
+
+
+@needs_vllm
 def test_the_batch_holds_the_engines_token_ids_not_a_retokenisation(kit):
     """Token in, token out: the response ids and log-probs are the engine's own, in order, even where
     decoding and re-encoding the text would give other ids (the untrained model emits partial

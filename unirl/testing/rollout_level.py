@@ -429,9 +429,12 @@ def serving_refusal(kit: RolloutKit) -> str | None:
     try:
         kit.engine  # noqa: B018 - built once here; the checks reuse it
     except Exception as exc:  # noqa: BLE001 - the engine's reason is the answer
-        lines = [line for line in str(exc).splitlines() if line.strip()]
-        return f"rollout {kit.name!r} cannot serve the model {kit.model} ({kit.dtype}): " + \
-            (lines[-1].strip() if lines else type(exc).__name__)
+        import re
+
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        raised = [line for line in lines if re.match(r"[\w.]*(Error|Exception)\b.*:", line)]  # a traceback's own
+        why = raised[-1] if raised else lines[-1] if lines else type(exc).__name__
+        return f"rollout {kit.name!r} cannot serve the model {kit.model} ({kit.dtype}): {why}"
     return None
 
 
