@@ -238,9 +238,10 @@ def check_logprobs(kit: RolloutKit, backend: str, *, lora: bool = False) -> Chec
 def _move_adapters(trainer: Any) -> int:
     """Give the trainer's LoRA ``B`` matrices seeded values (they start at zero, so the merged model
     would equal the base one and a push of the base would pass): the number moved."""
-    module = trainer.policy_module() if hasattr(trainer, "policy_module") else None
+    module = trainer.policy_module()
     if module is None:
-        raise RuntimeError(f"{type(trainer).__name__} exposes no policy_module(): its adapters cannot be set")
+        raise RuntimeError(f"{type(trainer).__name__} keeps its policy in other processes (policy_module() is None): "
+                           f"its adapters cannot be set here; list native in --backends for the LoRA row")
     g = torch.Generator().manual_seed(5)
     moved = 0
     with torch.no_grad():
