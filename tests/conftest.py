@@ -13,6 +13,18 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "grpo_tiny.yaml"
 
 
+def _vllm_python() -> tuple[str | None, str | None]:
+    from unirl.rollouts.vllm_env import find_python
+
+    return find_python(None)
+
+
+#: the vLLM environment's Python (None: not set up, and why in VLLM_MISSING); tests that start an engine
+#: take ``needs_vllm``
+VLLM_PYTHON, VLLM_MISSING = _vllm_python()
+needs_vllm = pytest.mark.skipif(VLLM_PYTHON is None, reason=f"no vLLM environment: {VLLM_MISSING}")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from unirl.models.tiny import build_tiny_model

@@ -13,13 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT, read_rows, same_curve
+from tests.conftest import ROOT, needs_vllm, read_rows, same_curve
 from unirl.cli import main
-from unirl.rollouts.vllm_env import find_python
 
 pytest.importorskip("peft")
 RECIPE = str(ROOT / "configs" / "grpo_lora_tiny.yaml")
-needs_vllm = pytest.mark.skipif(find_python(None)[0] is None, reason="no vLLM environment (scripts/setup_vllm_env.sh)")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import DEMO, ROOT, read_rows
+from tests.conftest import DEMO, ROOT, needs_vllm, read_rows
 from unirl import hookimpl
 from unirl import metrics as M
 from unirl.cli import main
@@ -65,16 +65,6 @@ def test_one_ray_worker_gives_the_in_process_run(short_overrides, tmp_path, ray_
 VLLM_POOL = [str(ROOT / "configs" / "grpo_tiny_vllm.yaml"), "stages.0.steps=3", "stages.1.steps=8",
              "stages.1.batch_size=4", "algorithm.group_size=4", "checkpoint.every=3", "trainer.micro_batch_size=8",
              "run.threads=1", "distributed.ray.enabled=true", "rollout.workers=2"]
-
-
-def _needs_vllm():
-    from unirl.rollouts.vllm_env import find_python
-
-    python, missing = find_python(None)
-    return pytest.mark.skipif(python is None, reason=f"no vLLM environment: {missing}")
-
-
-needs_vllm = _needs_vllm()
 
 #: two rollout workers and two reward workers (the reward served by Ray: reward.isolation=ray)
 POOLS = ["distributed.ray.enabled=true", "rollout.workers=2", "reward.isolation=ray", "reward.workers=2"]

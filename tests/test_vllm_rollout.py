@@ -9,16 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, read_rows
+from tests.conftest import ROOT, VLLM_PYTHON, needs_vllm, read_rows
 from unirl import metrics as M
 from unirl.cli import main
-from unirl.rollouts.vllm_env import find_python
 
 VLLM_DEMO = ROOT / "configs" / "grpo_tiny_vllm.yaml"
 #: worker scripts with a fault in them (``VLLMRollout.worker_script``): the real worker, one function replaced
 FAULTS = ROOT / "tests" / "faults"
-python, missing = find_python(None)
-needs_vllm = pytest.mark.skipif(python is None, reason=f"no vLLM environment: {missing}")
 AREAL_READY = (ROOT / ".venv-areal" / "bin" / "python").is_file()
 
 
@@ -63,7 +60,7 @@ def test_vllm_is_refused_before_anything_runs_when_its_environment_or_shape_is_w
     err = capsys.readouterr().err
     assert "UNIRL_VLLM_PYTHON=" in err and "scripts/setup_vllm_env.sh" in err
     monkeypatch.delenv("UNIRL_VLLM_PYTHON")
-    if python is not None:  # the head-size rule is checked once an environment is found
+    if VLLM_PYTHON is not None:  # the head-size rule is checked once an environment is found
         assert main(["run", str(VLLM_DEMO), "model.tiny.num_heads=4", f"run.dir={tmp_path / 'b'}"]) == 2
         assert "head size of at least 32" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
@@ -188,7 +185,7 @@ def test_vllm_still_compiles_its_sampler_ops():
 
     from unirl.rollouts.vllm_engine import EAGER_ON_CPU
 
-    folder = subprocess.run([python, "-c", "import importlib.util; print(importlib.util.find_spec('vllm')"
+    folder = subprocess.run([str(VLLM_PYTHON), "-c", "import importlib.util; print(importlib.util.find_spec('vllm')"
                              ".submodule_search_locations[0])"], capture_output=True, text=True, check=True)
     path, line = EAGER_ON_CPU
     source = (Path(folder.stdout.strip()).parent / path).read_text()

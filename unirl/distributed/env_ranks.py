@@ -106,6 +106,21 @@ def connect_worker(proc: subprocess.Popen, address: str, authkey: bytes, deadlin
     return None
 
 
+def how_it_ended(proc: subprocess.Popen | None) -> str | None:
+    """``exit code N`` or ``killed by signal N`` for a process that ended, None while it runs (what a
+    worker's error says of it: the env ranks', the vLLM engine's)."""
+    code = proc.poll() if proc is not None else None
+    return None if code is None else f"exit code {code}" if code >= 0 else f"killed by signal {-code}"
+
+
+def log_tail(path: Path, lines: int = TAIL) -> str:
+    """The last ``lines`` lines of a worker's log, or ``(no log)``."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
 def _stop(procs: list[subprocess.Popen], conns: list[Any], folders: list[str]) -> None:
     """Ask every rank to stop, kill those that do not, remove the sockets' and the path's folders."""
     import shutil
@@ -181,20 +196,11 @@ class EnvRanks:
         self._gather("start-up", time.monotonic() + startup_timeout_s)
 
     # -- failures ---------------------------------------------------------------------------
-    def log_tail(self, rank: int, lines: int = TAIL) -> str:
-        try:
-            return "\n".join(self.logs[rank].read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
     def _fail(self, rank: int, what: str, detail: str = "") -> None:
-        proc = self.procs[rank] if rank < len(self.procs) else None
-        code = proc.poll() if proc is not None else None
-        status = f"exit code {code}" if code is not None and code >= 0 else \
-            f"killed by signal {-code}" if code is not None else "still running"
+        status = how_it_ended(self.procs[rank] if rank < len(self.procs) else None) or "still running"
         message = (f"the {self.name} backend's rank {rank} (its own environment, {self.python}) {what} ({status})"
                    f"{':' + chr(10) + detail if detail else ''}\nthe end of its log {self.logs[rank]}:\n"
-                   f"{self.log_tail(rank)}")
+                   f"{log_tail(self.logs[rank])}")
         self.close(force=True)
         raise RunError(message)
 

@@ -34,7 +34,7 @@ import torch
 
 from unirl import metrics as M
 from unirl.batch import RolloutBatch
-from unirl.distributed.env_ranks import connect_worker
+from unirl.distributed.env_ranks import connect_worker, how_it_ended, log_tail
 from unirl.distributed.env_worker import shared_folder
 from unirl.errors import ConfigError, RunError, WorkerLost
 from unirl.protocols import BuildContext, SamplingParams
@@ -145,15 +145,9 @@ class VLLMRollout:
 
     def _died(self, what: str) -> str:
         """What happened to the worker, named (whose, its pid, how it ended) with the end of its log."""
-        tail = ""
-        try:
-            tail = "\n".join(self._log.read_text(errors="replace").splitlines()[-25:])
-        except OSError:
-            pass
-        code = self._proc.poll()
-        ended = "" if code is None else f", killed by signal {-code}" if code < 0 else f", exit {code}"
-        return (f"the {self.owner}vLLM worker (pid {self._proc.pid}{ended}) {what}; the end of its log "
-                f"{self._log}:\n{tail}")
+        ended = how_it_ended(self._proc)
+        return (f"the {self.owner}vLLM worker (pid {self._proc.pid}{', ' + ended if ended else ''}) {what}; the end "
+                f"of its log {self._log}:\n{log_tail(self._log, 25)}")
 
     def _send(self, op: str, **kwargs: Any) -> int:
         rid, self._next_id = self._next_id, self._next_id + 1
