@@ -372,3 +372,43 @@ def test_phase_attribution_names_the_deepest_framework_frame():
                             "BaseEngine.infer_batch (verl/workers/engine/base.py:90)": 100.0}
     assert got["train"] == {"NativeTrainer.update (unirl/engine/reference_trainer.py:124)": 200.0}
     assert "sft" not in got and "| score | 200.0 |" in "\n".join(table(got, steps=2, top=5))
+
+
+def test_unirl_run_against_the_plain_process_computes_the_same_weights(tiny_model_dir, tmp_path, capsys):
+    """``--baseline plain``: ``unirl run`` and the plain process (torch and transformers, no unirl
+    import: the bench refuses one that imports it) in turn, each pair's whole-loop ratio with the
+    load before each, and both loops end with the same weights. Bad input exits 2 before any run."""
+    out = tmp_path / "plain.json"
+    proc = run_cli("bench", "configs/grpo_tiny.yaml", f"model.path={tiny_model_dir}", "stages.1.batch_size=8",
+                   "--baseline", "plain", "--steps", "3", "--repeat", "1", "--json", str(out),
+                   "--workdir", str(tmp_path / "w"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (result,) = json.loads(out.read_text())["plain"]
+    (pair,) = result["pairs"]
+    assert result["steps"] == 6 and pair["ratio"] == result["ratio"] == pair["unirl_loop_s"] / pair["plain_loop_s"]
+    assert 0 < pair["unirl_loop_s"] < pair["unirl_process_s"] and 0 < pair["plain_loop_s"] < pair["plain_process_s"]
+    assert result["check_steps"] == 3 and result["weight_diff"] < 1e-5  # SFT and GRPO steps, sampling included
+    assert len(pair["load_before"]) == 2 and "native / plain process, whole loop (6 steps" in proc.stdout
+    from unirl.cli import main
+
+    capsys.readouterr()
+    assert main(["bench", "configs/gsm8k_tiny_grpo.yaml", "--baseline", "plain"]) == 2
+    assert "reward.name=arithmetic" in capsys.readouterr().err
+    assert main(["bench", "configs/grpo_tiny.yaml", "--baseline", "plain", "--layouts", "dp=2"]) == 2
+    assert "--layouts" in capsys.readouterr().err
+
+
+def test_the_push_sweep_sizes_its_models_and_fits_fixed_and_per_byte_costs():
+    """python -m unirl.bench.push_sweep: each model is about the size asked for, and the fit of push
+    seconds = fixed + bytes x per-byte recovers both from exact points."""
+    from unirl.bench.push_sweep import fit, model_shape
+
+    for mb, itemsize in ((1, 4), (16, 4), (128, 2), (1024, 4), (1024, 2)):
+        s = model_shape(mb * 2**20, itemsize)
+        h, f, layers = s["hidden_size"], s["intermediate_size"], s["num_layers"]
+        got = (layers * (3 * h * h + 3 * h * f) + 258 * h) * itemsize  # q, o; k, v at half width; MLP; embeddings
+        assert 0.8 < got / (mb * 2**20) < 1.25, (mb, itemsize, s)
+        assert h % s["num_heads"] == 0 and h // s["num_heads"] in (32, 64) and s["num_heads"] % s["num_kv_heads"] == 0
+    points = [{"bytes": b, "median": {"total_s": 0.03 + b * 0.4 / 2**30}} for b in (2**20, 2**27, 2**30)]
+    got = fit(points)
+    assert got["fixed_ms"] == pytest.approx(30, abs=1e-6) and got["ms_per_gb"] == pytest.approx(400, rel=1e-9)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from unirl.models.micro_batching import budget_slices, row_widths, trimmed_width
+from unirl.models.micro_batching import budget_slices, pack_rows, row_widths, trimmed_width, unpack_logits
 
 
 def mask(widths, total=9):
@@ -49,6 +49,46 @@ def test_the_cut_forward_gives_the_same_logits_on_the_kept_positions(tiny_model_
         cut = model(input_ids=ids[:, :7], attention_mask=m[:, :7]).logits
     keep = m[:, :7].bool()
     torch.testing.assert_close(cut[keep], full[:, :7][keep], atol=1e-5, rtol=0)
+
+
+def test_packed_rows_give_the_padded_logits_and_attend_within_their_row(tiny_model_dir):
+    """``trainer.packing``: the attended tokens of each row as one sequence with position ids restarting
+    per row; transformers keeps attention within each row, so the logits are the padded forward's (float
+    tolerance). With one run of positions (nothing tells the rows apart) they are not: the check can fail."""
+    from unirl.models.loading import load_causal_lm
+
+    model = load_causal_lm(str(tiny_model_dir), "float32").eval()
+    m = mask([5, 9, 7])  # left-padded rows of 3 tokens ending at 5, 9 and 7
+    m[1, 2:9] = 1  # and a longer one
+    ids = torch.randint(2, 100, m.shape).masked_fill(m == 0, 0)
+    packed, positions = pack_rows(ids, m)
+    assert packed.shape == (1, int(m.sum())) and positions[0].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2]
+    with torch.no_grad():
+        padded = model(input_ids=ids, attention_mask=m).logits
+        kept = unpack_logits(model(input_ids=packed, position_ids=positions, use_cache=False).logits, m)
+        crossed = unpack_logits(model(input_ids=packed, use_cache=False).logits, m)
+    keep = m.bool()
+    torch.testing.assert_close(kept[keep], padded[keep], atol=1e-5, rtol=0)
+    assert (kept[~keep] == 0).all()
+    assert (crossed[keep] - padded[keep]).abs().max() > 1e-2  # rows attending to the rows before them
+
+
+def test_a_trainer_written_before_packing_is_refused_at_build_naming_the_change():
+    """A reference-trainer subclass whose ``forward(name, ids, attn)`` predates ``trainer.packing`` fails at
+    build (exit 2, the key and the fix), before any model loads, instead of mid-step or silently padded."""
+    from unirl.config import load_recipe
+    from unirl.engine.reference_trainer import ReferenceTrainer
+    from unirl.errors import ConfigError
+    from unirl.protocols import BuildContext
+
+    class Old(ReferenceTrainer):
+        def forward(self, name, ids, attn):  # the contract before unirl 0.5
+            raise AssertionError("never called")
+
+    recipe = load_recipe(None, ["stages=[{name: s, type: sft, steps: 1}]", "trainer.packing=true"])
+    with pytest.raises(ConfigError, match="written before packed micro-batches") as err:
+        Old(BuildContext(recipe=recipe, run_dir="unused", model_path="no/model/here"))
+    assert err.value.key == "trainer.packing" and "position_ids=None" in str(err.value)
 
 
 def test_recipe_errors():

@@ -97,20 +97,60 @@ def test_the_weight_push_check_fails_when_the_cpu_repack_fix_is_removed(monkeypa
     assert result.ratio > 100  # the old output layer: log-probs off by far more than float32's 1e-4
 
 
+def test_the_push_buffer_keeps_one_file_and_the_worker_maps_its_slots():
+    """The CPU transport's file: one slot per tensor (any dtype), the layout sent once; a later push of the
+    same tensors writes new values into the same pages, which the worker's views see; closed, it is gone."""
+    import os
+
+    from unirl.rollouts.push_buffer import PushBuffer, mapped_views
+
+    weights = {"a": torch.randn(3, 5), "b": torch.arange(7, dtype=torch.bfloat16), "c": torch.tensor(2.5)}
+    buf = PushBuffer()
+    try:
+        spec = buf.write(weights)
+        assert spec is not None and all(offset % 64 == 0 for *_, offset, _ in spec)
+        views = mapped_views(buf.path, spec)
+        assert all(torch.equal(views[k], v) and views[k].dtype == v.dtype for k, v in weights.items())
+        path = buf.path
+        weights["a"].mul_(2)
+        assert buf.write(weights) is None and buf.path == path  # the same layout: nothing to map again
+        assert torch.equal(views["a"], weights["a"])
+        assert buf.write({**weights, "d": torch.ones(2)}) is not None and buf.path != path  # a new layout
+        assert not os.path.exists(path)
+    finally:
+        buf.close()
+    assert buf.path is None
+
+
 @needs_vllm
 def test_a_push_that_changes_nothing_is_an_error(monkeypatch):
-    """The worker skips the reload (a silent no-op sync): the push is refused, naming it."""
+    """The worker skips the reload (a silent no-op sync): the push is refused, naming it; also once the
+    weights' shared file is mapped and a later push only writes new values into it. The file goes with
+    the engine."""
+    import os
+
     from unirl.errors import RunError
     from unirl.rollouts.vllm_engine import VLLMRollout
     from unirl.testing.rollout_level import RolloutKit, pushed_weights
 
     monkeypatch.setattr(VLLMRollout, "worker_script", FAULTS / "vllm_worker_skip_reload.py")
+    monkeypatch.setenv("UNIRL_VLLM_SKIP_RELOAD_AFTER", "1")
     broken = RolloutKit("vllm")
     try:
+        weights = pushed_weights(broken.model)
+        broken.engine.load_weights(weights)  # the first push maps the file and loads
+        first = dict(broken.engine.last_push)
+        assert first["fresh"] and first["bytes"] >= sum(t.numel() * t.element_size() for t in weights.values())
+        path = broken.engine._buffer.path
+        with torch.no_grad():
+            for t in weights.values():
+                t.mul_(1.01)
         with pytest.raises(RunError, match="did not change the engine"):
-            broken.engine.load_weights(pushed_weights(broken.model))
+            broken.engine.load_weights(weights)  # the same file, new values, nothing loaded
+        assert not broken.engine.last_push or broken.engine.last_push == first
     finally:
         broken.close()
+    assert path is not None and not os.path.exists(path)
 
 
 @needs_vllm

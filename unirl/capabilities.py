@@ -44,6 +44,7 @@ CANONICAL_KNOBS: dict[str, tuple[Any, ...]] = {
     "algorithm.value_clip": (ON,),
     "algorithm.dpo_loss": choices.DPO_LOSSES,
     "trainer.max_tokens_per_micro_batch": (ON,),
+    "trainer.packing": (ON,),
     "model.lora": (ON,),
     "algorithm.label_smoothing": (ON,),
 }
@@ -56,7 +57,8 @@ LATER_KNOBS: dict[str, tuple[Any, str]] = {"algorithm.policy_loss": ("ppo", "uni
                                            "algorithm.dynamic_sampling": ("off", "unirl 0.4"),
                                            "algorithm.overlong_buffer": ("off", "unirl 0.4"),
                                            "trainer.max_tokens_per_micro_batch": ("off", "unirl 0.4"),
-                                           "model.lora": ("off", "unirl 0.4")}
+                                           "model.lora": ("off", "unirl 0.4"),
+                                           "trainer.packing": ("off", "unirl 0.5")}
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,8 @@ def recipe_knobs(recipe: Any) -> list[tuple[str, Any, Any]]:
     budget = (recipe.get("trainer") or {}).get("max_tokens_per_micro_batch")
     if budget:
         out.append(("trainer.max_tokens_per_micro_batch", ON, budget))
+    if (recipe.get("trainer") or {}).get("packing"):
+        out.append(("trainer.packing", ON, True))
     if "dpo" in types:
         out.append(("algorithm.dpo_loss", a.dpo_loss, a.dpo_loss))
         if a.label_smoothing:

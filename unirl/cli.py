@@ -423,7 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("recipe")
     b.add_argument("overrides", nargs="*", metavar="key=value")
     b.add_argument("--backends", default="native", help="comma-separated backends (default: native)")
-    b.add_argument("--steps", type=int, default=10, help="steps per stage (each stage cut to at most this)")
+    b.add_argument("--steps", type=int, default=None,
+                   help="steps per stage (each stage cut to at most this; default 10, and the recipe's own with "
+                        "--baseline plain)")
     b.add_argument("--repeat", type=int, default=3, help="repetitions per backend, each a fresh process")
     b.add_argument("--warmup", type=int, default=1, help="first steps of each stage left out of the statistics")
     b.add_argument("--no-baseline", action="store_true",
@@ -437,6 +439,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each backend again on each of these parallel layouts it runs, side by side with its own "
                         "(keys: dp, tp, pp, zero_stage, offload), e.g. --layouts dp=2 dp=2,zero_stage=3 tp=2; "
                         "each multi-rank entry runs once more with profile.collectives=true for its comm columns")
+    b.add_argument("--baseline", choices=["plain"],
+                   help="plain: each backend's whole unirl run against the simplest loop as a process of its own "
+                        "(torch and transformers only, same model, settings and examples), --repeat interleaved pairs "
+                        "of the recipe's whole loop (--steps cuts each stage), the machine's load beside each")
     b.add_argument("--tinker", action="store_true",
                    help="the Tinker API's own cost instead: each backend's SFT and RL step driven by the SDK against "
                         "unirl serve on loopback, against the same trainer calls in process (docs/tinker.md)")

@@ -5,6 +5,8 @@
 #   model_args                    Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads, 2 KV heads, MLP 4864),
 #                                 or model.path=$QWEN05B_PATH when given
 #   summary RUN_DIR STAGE         reward rise, seconds per step and peak GPU memory of one stage
+#   engine_env_or_skip VAR MODULE the engine's own environment ($VAR a Python importing MODULE), or a SKIP
+#                                 line in the summary and exit 0 (the device machine reaches no package index)
 PY="${PYTHON:-.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 model_args=(model.tiny.hidden_size=896 model.tiny.intermediate_size=4864 model.tiny.num_layers=24
@@ -39,4 +41,11 @@ print(f"{sys.argv[1]}: {len(rl)} rl steps; reward/mean first 10% {mean(rl[:k], '
       f"{mean(rl[-k:], 'reward/mean'):.3f}; {mean(rl, 'time/step_s'):.3f} s/step; "
       f"peak GPU memory {max(r.get('memory/gpu_peak_bytes', 0) for r in rl) / 2**30:.2f} GiB")
 PY
+}
+
+engine_env_or_skip() {  # VAR MODULE
+  local py="${!1:-}"
+  if [ -z "$py" ] || ! "$py" -c "import $2" 2>/dev/null; then
+    echo "SKIP: set $1 to a Python with a CUDA build of $2" | tee -a "$out/summary.txt"; exit 0
+  fi
 }

@@ -9,9 +9,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/gpu/common.sh
 gpu_setup sglang transformers
-if [ -z "${UNIRL_SGLANG_PYTHON:-}" ] || ! "$UNIRL_SGLANG_PYTHON" -c "import sglang" 2>/dev/null; then
-  echo "SKIP: set UNIRL_SGLANG_PYTHON to a Python with a CUDA build of sglang" | tee -a "$out/summary.txt"; exit 0
-fi
+engine_env_or_skip UNIRL_SGLANG_PYTHON sglang
 "$PY" - "$out/model" <<'PY'
 import sys
 from unirl.models.tiny import build_tiny_model

@@ -11,9 +11,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/gpu/common.sh
 gpu_setup vllm transformers
-if [ -z "${UNIRL_VLLM_PYTHON:-}" ] || ! "$UNIRL_VLLM_PYTHON" -c "import vllm" 2>/dev/null; then
-  echo "SKIP: set UNIRL_VLLM_PYTHON to a Python with a CUDA build of vllm" | tee -a "$out/summary.txt"; exit 0
-fi
+engine_env_or_skip UNIRL_VLLM_PYTHON vllm
 failed=0
 echo "== rollout level: vllm against native (CUDA)"
 "$PY" -m unirl conformance --rollout vllm --backends native --json "$out/rollout-level.json" | tee -a "$out/summary.txt" \

@@ -33,6 +33,10 @@ def run_bench(args: argparse.Namespace) -> int:
         raise UsageError("--backends is empty: name one or more installed backends, e.g. --backends native,trl.")
     if args.tinker:
         return _tinker_bench(args, backends)
+    if args.baseline == "plain":
+        return _plain_bench(args, backends)
+    if args.steps is None:
+        args.steps = 10
     plain = list(backends)
     backends += _layout_entries(args, plain)
     backends += _variant_entries(args, plain)
@@ -222,4 +226,51 @@ def _tinker_bench(args: argparse.Namespace, backends: list[str]) -> int:
     print_results(results, console)
     if args.json:
         Path(args.json).write_text(json.dumps({"tinker_api": results}, indent=2))
+    return 0
+
+
+def _plain_bench(args: argparse.Namespace, backends: list[str]) -> int:
+    """``--baseline plain``: each backend's whole ``unirl run`` against the plain process (:mod:`unirl.bench.plain`)."""
+    import tempfile
+    from pathlib import Path
+
+    from unirl.bench.plain import check_job, measure
+    from unirl.config import load_recipe
+    from unirl.contract import run_mode
+    from unirl.plugin_manager import get_plugin_host
+    from unirl.progress import make_console
+
+    unsupported = [flag for flag, on in (("--sweep", args.sweep), ("--layouts", args.layouts),
+                                         ("--rollouts", args.rollouts), ("--variants", args.variants),
+                                         ("--plot", args.plot)) if on]
+    if unsupported:
+        raise UsageError(f"--baseline plain measures whole runs against the plain process; it does not combine with "
+                         f"{', '.join(unsupported)}: run those as a separate bench.")
+    if args.repeat < 1:
+        raise UsageError(f"--repeat={args.repeat} must be >= 1.")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps={args.steps} must be >= 1.")
+    host = get_plugin_host()
+    base = load_recipe(args.recipe, args.overrides, host=host)
+    cut = [] if args.steps is None else [f"stages.{i}.steps={min(int(s.steps), args.steps)}"
+                                         for i, s in enumerate(base.stages)]
+    overrides = [*args.overrides, *cut]
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="unirl-bench-plain-"))
+    for name in backends:  # every user error before any run starts
+        recipe = load_recipe(args.recipe, [*overrides, f"backend={name}"], host=host)
+        if run_mode(recipe, host.registry.get("backend", name)) != "engine":
+            raise UsageError(f"--baseline plain: backend {name!r} runs its framework's own loop (trainer mode); "
+                             f"its plain counterpart is the framework-alone baseline (unirl bench without --baseline)")
+        check_job(recipe)  # exit 2 on a recipe the plain process cannot run
+    console = make_console()
+    results = []
+    for name in backends:
+        result = measure(args.recipe, overrides, name, args.repeat, workdir / name,
+                         progress=lambda what, n=name: console.print(f"{n}: {what}", highlight=False))
+        results.append(result)
+        console.print("\n".join(result.lines()), highlight=False, markup=False)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"plain": [r.to_json() for r in results]}, indent=1))
+    if args.md:
+        Path(args.md).write_text("\n\n".join("\n".join(r.lines()) for r in results) + "\n")
     return 0

@@ -72,6 +72,10 @@ class TrainerSection:
     # micro-batches by a token budget instead: consecutive sequences while rows x the longest one's
     # length stays within it, each micro-batch cut to that length (rl, sft and cpt steps; null = off)
     max_tokens_per_micro_batch: Optional[int] = None
+    # padding-free micro-batches: each one's rows concatenated into one sequence (their padding left out),
+    # position ids restarting at every row and attention kept within each row (the policy's and the
+    # reference's forward); the logits go back to the padded layout (docs/semantics.md)
+    packing: bool = False
 
 
 @dataclass

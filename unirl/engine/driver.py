@@ -434,6 +434,7 @@ class Driver:
         torch.manual_seed(recipe.seed)
         state = RunState()
         status, exported, writer, t_start = "failed", {}, None, time.perf_counter()
+        loop_s = None  # the steps' loop: the first step's start to the last step's end
         self.current_stage = None
         self._last_checkpoint = 0
         self._parts = self._trainer = None
@@ -462,7 +463,9 @@ class Driver:
                                        keep=recipe.checkpoint.keep,
                                        pending_state=parts.queue.state_dict() if parts.queue is not None else None)
 
+            t_loop = time.perf_counter()
             status = self._stages(parts, state, writer, checkpoint)
+            loop_s = time.perf_counter() - t_loop
             if status == "completed":
                 exported = parts.trainer.export(str(run_dir))
         except KeyboardInterrupt:
@@ -496,6 +499,7 @@ class Driver:
                 self._ray.close()
             summary = {"status": status, "global_step": state.global_step, "stage_index": state.stage_index,
                        "stage_step": state.stage_step, "wall_s": round(time.perf_counter() - t_start, 3),
+                       "loop_s": None if loop_s is None else round(loop_s, 4),
                        "skipped_nonfinite": state.nonfinite_skipped,
                        "skipped_reward": state.reward_skipped,
                        "reward_failures": dict(state.reward_failures),

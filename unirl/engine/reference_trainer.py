@@ -54,6 +54,25 @@ def logprob_gap(batch: RolloutBatch, sl: slice, logits: torch.Tensor, mask: torc
     return {M.ROLLOUT_LOGPROB_DIFF_MEAN: float(diff.sum()) / n_tokens, M.ROLLOUT_LOGPROB_DIFF_MAX: float(diff.max())}
 
 
+#: the models whose forward ``trainer.packing`` packs: causal LMs, whose logits are per token (a reward
+#: model reads the last real token of each padded row; a critic's values stay on the padded layout)
+PACKED_MODELS = ("policy", "reference")
+
+
+def _check_packed_forward(cls: type) -> None:
+    """``trainer.packing`` calls ``forward(name, ids, None, position_ids)``; a subclass written before it
+    (``forward(name, ids, attn)``) is refused at build, naming the change, instead of failing mid-step."""
+    import inspect
+
+    if "position_ids" not in inspect.signature(cls.forward).parameters:
+        from unirl.errors import ConfigError
+
+        raise ConfigError(f"trainer.packing=true: {cls.__module__}.{cls.__qualname__}.forward takes "
+                          f"{tuple(inspect.signature(cls.forward).parameters)[1:]}, written before packed "
+                          f"micro-batches (unirl 0.5): add `position_ids=None` and pass it to the model (with "
+                          f"use_cache=False), or set trainer.packing=false.", key="trainer.packing", value=True)
+
+
 class ReferenceTrainer:
     """An :class:`unirl.protocols.EngineTrainer` in this process, computing unirl's reference losses."""
 
@@ -65,6 +84,8 @@ class ReferenceTrainer:
 
     def __init__(self, ctx: BuildContext) -> None:
         self.recipe = ctx.recipe
+        if self.recipe.trainer.get("packing"):
+            _check_packed_forward(type(self))
         self.model_path = ctx.model_path
         self.tokenizer = ctx.tokenizer or load_tokenizer(ctx.model_path)
         self.models = ModelSet(self.recipe, ctx.model_path, self.tokenizer, self.make_optimizer)
@@ -78,14 +99,25 @@ class ReferenceTrainer:
         return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr or t.lr,
                                  betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay)
 
-    def forward(self, name: str, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Logits of model ``name`` (policy, reference, critic, reward_model) on one micro-batch."""
-        return self.models.models[name](input_ids=ids, attention_mask=attn).logits
+    def forward(self, name: str, ids: torch.Tensor, attn: torch.Tensor | None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of model ``name`` (policy, reference, critic, reward_model) on one micro-batch; a packed
+        one (``trainer.packing``) comes as one row with ``attn`` None and its ``position_ids``."""
+        # packed: no cache, or transformers does not read the position ids as packed rows (masking_utils.py:883)
+        extra = {} if position_ids is None else {"position_ids": position_ids, "use_cache": False}
+        return self.models.models[name](input_ids=ids, attention_mask=attn, **extra).logits
 
     def _logits(self, name: str, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """:meth:`forward`, on the micro-batch cut to its longest row when ``trainer.max_tokens_per_micro_batch``
-        is set (the logits padded back with zeros past it: positions no mask reaches)."""
-        if self.recipe.trainer.get("max_tokens_per_micro_batch"):
+        """:meth:`forward`, on the micro-batch packed (``trainer.packing``: the policy's and reference's
+        forwards), or cut to its longest row when ``trainer.max_tokens_per_micro_batch`` is set (the logits
+        padded back with zeros past it: positions no mask reaches)."""
+        trainer = self.recipe.trainer
+        if trainer.get("packing") and name in PACKED_MODELS:
+            from unirl.models.micro_batching import pack_rows, unpack_logits
+
+            packed, positions = pack_rows(ids, attn)
+            return unpack_logits(self.forward(name, packed, None, positions), attn)
+        if trainer.get("max_tokens_per_micro_batch"):
             from unirl.models.micro_batching import trimmed_width
 
             width = trimmed_width(attn)

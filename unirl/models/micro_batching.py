@@ -36,3 +36,28 @@ def trimmed_width(attention: torch.Tensor) -> int:
     columns are padding in every row; a causal model's outputs before them do not depend on them."""
     widths = row_widths(attention)
     return max(max(widths), 1) if widths else attention.shape[1]
+
+
+# ----------------------------------------------------------------------------------- padding-free micro-batches
+# ``trainer.packing`` (docs/semantics.md, "Padding-free micro-batches"): the attended tokens of every row,
+# row after row, as one sequence; position ids restart at each row, which is how transformers tells the rows
+# apart (``masking_utils.find_packed_sequence_indices``: with no attention mask, a position that does not
+# follow the one before starts a new sequence) and keeps attention within each, on every attention
+# implementation (a block-diagonal causal mask for sdpa and eager, cumulative lengths for flash-attention).
+
+
+def pack_rows(ids: torch.Tensor, attention: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ids`` [B, T] with ``attention`` [B, T] (each row's attended tokens contiguous, e.g. left-padded
+    prompt and right-padded response) as ``[1, N]`` ids and position ids, N the attended tokens."""
+    keep = attention.ne(0)
+    lengths = keep.sum(1)
+    starts = torch.cumsum(lengths, 0) - lengths  # where each row begins in the packed sequence
+    positions = torch.arange(int(lengths.sum()), device=ids.device) - torch.repeat_interleave(starts, lengths)
+    return ids[keep].unsqueeze(0), positions.unsqueeze(0)
+
+
+def unpack_logits(packed: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """The packed forward's ``[1, N, V]`` back on the padded grid ``[B, T, V]``, zeros where no token was."""
+    out = packed.new_zeros((*attention.shape, packed.shape[-1]))
+    out[attention.ne(0)] = packed[0]
+    return out

@@ -8,8 +8,9 @@ over a local socket (``multiprocessing.connection``, an auth key), one request a
 - **token in, token out**: prompts are tokenised here with the trainer's tokenizer and sent as ids; the
   batch holds exactly the ids the engine sampled (never a re-tokenisation of its text) and each sampled
   token's log-prob (``rollout.logprobs``: raw or processed);
-- **weights** go as one safetensors file on shared memory (``/dev/shm``), loaded in place by the worker,
-  which resets the prefix cache, records the policy version and refuses a push that did not change
+- **weights** go through one shared-memory file (``/dev/shm``) made at the first push and kept
+  (:mod:`unirl.rollouts.push_buffer`): each push copies the tensors into it, the worker reloads from
+  views of it in place, resets the prefix cache, records the policy version and refuses a push that did not change
   its outputs (``rollout.verify_push``). On GPUs a NCCL/CUDA-IPC transport would replace the file;
   ``scripts/gpu/vllm.sh`` measures what there is;
 - **ahead of training**: :meth:`submit` returns at once and the worker generates while the trainer
@@ -35,9 +36,9 @@ import torch
 from unirl import metrics as M
 from unirl.batch import RolloutBatch
 from unirl.distributed.env_ranks import connect_worker, how_it_ended, log_tail
-from unirl.distributed.env_worker import shared_folder
 from unirl.errors import ConfigError, RunError, WorkerLost
 from unirl.protocols import BuildContext, SamplingParams
+from unirl.rollouts.push_buffer import PushBuffer
 from unirl.rollouts.vllm_env import find_python
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -52,8 +53,9 @@ LOG_NAME = "rollout-vllm.log"
 EAGER_ON_CPU = ("vllm/v1/sample/ops/logprobs.py", "@torch.compile(backend=current_platform.simple_compile_backend)")
 
 
-def _stop(proc: subprocess.Popen, conn: Any, tmp: str) -> None:
-    """End the worker (asked, then killed) and remove its socket folder; safe to call twice."""
+def _stop(proc: subprocess.Popen, conn: Any, tmp: str, buffer: Any = None) -> None:
+    """End the worker (asked, then killed), remove its socket folder and the weights' shared-memory
+    file; safe to call twice."""
     import shutil
 
     if proc.poll() is None:
@@ -70,6 +72,8 @@ def _stop(proc: subprocess.Popen, conn: Any, tmp: str) -> None:
     except Exception:
         pass
     shutil.rmtree(tmp, ignore_errors=True)
+    if buffer is not None:
+        buffer.close()
 
 
 class VLLMRollout:
@@ -91,6 +95,9 @@ class VLLMRollout:
         self._next_group = 0
         self._version = 0  # weight pushes so far
         self._pushes: list[float] = []  # seconds of each weight push since the last row
+        self._buffer = PushBuffer()  # the CPU transport's shared-memory file, made at the first push
+        #: the last CPU push's parts in seconds (copy_s here, the worker's read/check/reload/probe) and bytes
+        self.last_push: dict[str, Any] = {}
         log_name = LOG_NAME if ctx.worker is None else LOG_NAME.replace(".log", f"-worker{ctx.worker}.log")
         self._log = Path(ctx.run_dir or tempfile.gettempdir()) / log_name
         self._next_id = 0
@@ -136,7 +143,7 @@ class VLLMRollout:
             self._proc.wait(timeout=30)
             raise WorkerLost(self._died(f"did not start within rollout.startup_timeout_s="
                                         f"{self.config.startup_timeout_s:g}"))
-        self._finalizer = weakref.finalize(self, _stop, self._proc, self._conn, self._tmp)
+        self._finalizer = weakref.finalize(self, _stop, self._proc, self._conn, self._tmp, self._buffer)
 
     def _threads(self, ctx: BuildContext) -> int:
         """The worker's CPU threads: ``rollout.threads``, else ``run.threads``, else every core (in a
@@ -284,14 +291,18 @@ class VLLMRollout:
                             rollout_logprobs=logprobs if ticket["logprobs"] else None)
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Push the policy (``rollout.weight_transport``): one safetensors file on shared memory, or
-        CUDA IPC handles of GPU tensors; the worker loads either in place."""
+        """Push the policy (``rollout.weight_transport``): the engine's shared-memory file, or
+        CUDA IPC handles of GPU tensors; the worker loads either in place. ``last_push`` keeps the
+        push's parts in seconds (``python -m unirl.bench.push_sweep`` reports them)."""
         start = time.perf_counter()
         if self.config.weight_transport == "cuda_ipc":
-            self._push_cuda_ipc(weights)
+            answer, parts = self._push_cuda_ipc(weights)
         else:
-            self._push_file(weights)
-        self._pushes.append(time.perf_counter() - start)
+            answer, parts = self._push_file(weights)
+        total = time.perf_counter() - start
+        self._pushes.append(total)
+        self.last_push = {**parts, **{k: v for k, v in answer.items() if k.endswith("_s")},
+                          "worker_s": answer["seconds"], "total_s": total}
 
     def _push(self, **payload: Any) -> dict[str, Any]:
         """One push request; the worker must answer holding the new policy version."""
@@ -301,34 +312,25 @@ class VLLMRollout:
             raise RunError(f"the {self.owner}vLLM worker holds policy version {answer['version']} after push {self._version}")
         return answer
 
-    def _push_file(self, weights: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-        from safetensors.torch import save_file
+    def _push_file(self, weights: Mapping[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The CPU transport: the tensors copied into the engine's shared-memory file
+        (:class:`unirl.rollouts.push_buffer.PushBuffer`), which the worker maps once and reloads from."""
+        start = time.perf_counter()
+        spec = self._buffer.write(weights)
+        parts = {"bytes": self._buffer.nbytes, "copy_s": time.perf_counter() - start, "fresh": spec is not None}
+        return self._push(path=self._buffer.path, layout=spec), parts
 
-        tensors, seen = {}, set()
-        for name, t in weights.items():
-            t = t.detach().to("cpu").contiguous()
-            if t.data_ptr() in seen:  # tied weights share storage, which safetensors refuses
-                t = t.clone()
-            seen.add(t.data_ptr())
-            tensors[name] = t
-        folder = shared_folder(sum(t.numel() * t.element_size() for t in tensors.values()))
-        fd, path = tempfile.mkstemp(prefix="unirl-vllm-push-", suffix=".safetensors", dir=folder)
-        os.close(fd)
-        try:
-            save_file(tensors, path)
-            return self._push(path=path)
-        finally:
-            if os.path.exists(path):  # the worker removes it once read; not when it failed first
-                os.unlink(path)
-
-    def _push_cuda_ipc(self, weights: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    def _push_cuda_ipc(self, weights: Mapping[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The GPU transport: IPC handles of CUDA tensors travel, not the bytes (the trainer's process
         holds the tensors until the worker has copied them). Checked at recipe load: CUDA only;
-        ``scripts/gpu/vllm.sh`` runs the rollout level with it."""
+        ``scripts/gpu/vllm.sh`` runs the rollout level with it, ``scripts/gpu/push.sh`` the push sweep."""
         from torch.multiprocessing.reductions import reduce_tensor
 
+        start = time.perf_counter()
         tensors = {name: t.detach().to("cuda").contiguous() for name, t in weights.items()}
-        return self._push(handles={name: reduce_tensor(t) for name, t in tensors.items()})
+        parts = {"bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+                 "copy_s": time.perf_counter() - start, "fresh": True}
+        return self._push(handles={name: reduce_tensor(t) for name, t in tensors.items()}), parts
 
     def take_counts(self) -> dict[str, float]:
         """The step's row: the seconds of the weight pushes since the last row."""

@@ -7,8 +7,9 @@ unirl (unirl is not installed there): :mod:`unirl.rollouts.vllm` starts it as a 
 over a ``multiprocessing.connection`` socket with an auth key, one request at a time, in order.
 
 Token-in/token-out: prompts arrive as token ids and completions leave as token ids with each sampled
-token's log-prob; no text crosses the socket. Weights arrive as a safetensors file on shared memory
-(``/dev/shm``), are loaded in place (``reload_weights``), the prefix cache is reset and the engine's
+token's log-prob; no text crosses the socket. Weights arrive in the trainer's shared-memory file
+(``/dev/shm``, :mod:`unirl.rollouts.push_buffer`, mapped once), are loaded in place from views of it
+(``reload_weights``), the prefix cache is reset and the engine's
 policy version set; a push that leaves the engine's outputs unchanged while the pushed tensors differ
 from what it held is refused (``verify``).
 
@@ -26,6 +27,8 @@ from typing import Any
 
 #: the probe whose log-probs show whether a push changed the engine's outputs
 PROBE_LEN = 8
+#: elements of each tensor compared to tell whether a push differs from what the engine holds
+DIFFERS_SAMPLE = 4096
 
 
 def _repack_tied_output_layer(model: Any) -> bool:
@@ -52,6 +55,8 @@ class Worker:
         self.version = 0
         self.probe: list[int] = []
         self.probe_logprobs: list[float] = []
+        self.push_path: str | None = None  # the trainer's shared-memory file of the weights, once mapped
+        self.push_views: dict[str, Any] = {}
 
     # -- requests ---------------------------------------------------------------------------
     def init(self, model: str, dtype: str, seed: int, max_model_len: int, logprobs_mode: str,
@@ -110,32 +115,46 @@ class Worker:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
 
     def load_weights(self, version: int, verify: str, path: str | None = None,
-                     handles: dict[str, Any] | None = None) -> dict[str, Any]:
-        """A push: ``path``, a safetensors file on shared memory (removed once read), or ``handles``,
-        CUDA IPC handles of the trainer's tensors (``torch.multiprocessing.reductions.reduce_tensor``:
-        the same torch build on both sides; the trainer keeps them alive until this answers)."""
+                     handles: dict[str, Any] | None = None, layout: list[Any] | None = None) -> dict[str, Any]:
+        """A push: ``path``, the trainer's shared-memory file of the weights (mapped once, at the push that
+        brings its ``layout``; later pushes wrote new values into the same slots), or ``handles``, CUDA
+        IPC handles of the trainer's tensors (``torch.multiprocessing.reductions.reduce_tensor``: the same
+        torch build on both sides; the trainer keeps them alive until this answers). The answer gives
+        the seconds of each part."""
         import torch
 
         start = time.perf_counter()
         if handles is not None:
             weights = {name: rebuild(*args) for name, (rebuild, args) in handles.items()}
         else:
-            from safetensors.torch import load_file
-
             assert path is not None
-            weights = load_file(path)
-            os.unlink(path)  # the shared-memory copy is ours to remove once read
-        # before loading: do the pushed tensors differ from the engine's plain (unpacked) parameters?
+            if layout is not None or path != self.push_path:
+                self.push_path, self.push_views = path, _push_buffer().mapped_views(path, layout or [])
+            weights = self.push_views
+        mapped = time.perf_counter()
+
+        # before loading: do the pushed tensors differ from the engine's plain (unpacked) parameters? Read on
+        # an even sample of each tensor's elements (an update changes nearly all of them): a full comparison
+        # read every byte twice, as much as the reload itself
         def differs_from(model: Any) -> bool:
             held = dict(model.named_parameters())
-            return any(name in held and held[name].shape == t.shape and not torch.equal(held[name], t.to(held[name].dtype))
-                       for name, t in weights.items())
+            for name, t in weights.items():
+                p = held.get(name)
+                if p is None or p.shape != t.shape:
+                    continue
+                step = max(1, t.numel() // DIFFERS_SAMPLE)
+                if not torch.equal(p.reshape(-1)[::step], t.reshape(-1)[::step].to(p.dtype)):
+                    return True
+            return False
 
         differs = bool(self.llm.apply_model(differs_from)[0])
+        checked = time.perf_counter()
         self._reload(weights)
+        reloaded = time.perf_counter()
         repacked = bool(self.llm.apply_model(_repack_tied_output_layer)[0])
         self.llm.reset_prefix_cache()
         self.version = version
+        reset = time.perf_counter()
         probe = self._prompt_logprobs([self.probe])[0]
         changed = probe != self.probe_logprobs
         self.probe_logprobs = probe
@@ -143,8 +162,23 @@ class Worker:
             raise RuntimeError(f"weight push {version} did not change the engine: the pushed tensors differ from "
                                f"the ones it held, yet its log-probs on a probe are bit-identical (a silent no-op "
                                f"sync: are the parameter names the engine's?)")
-        return {"version": version, "seconds": time.perf_counter() - start, "changed": changed,
-                "differs": differs, "repacked": repacked}
+        end = time.perf_counter()
+        return {"version": version, "seconds": end - start, "changed": changed, "differs": differs,
+                "repacked": repacked, "map_s": mapped - start, "check_s": checked - mapped,
+                "reload_s": reloaded - checked, "repack_reset_s": reset - reloaded, "probe_s": end - reset}
+
+
+def _push_buffer() -> Any:
+    """unirl's ``rollouts/push_buffer.py``, loaded by path (unirl is not installed here): the file's layout
+    read the way the trainer wrote it."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("unirl_push_buffer", Path(__file__).with_name("push_buffer.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _watch_driver() -> None:
@@ -173,6 +207,14 @@ def main() -> int:
     with Listener(address, family="AF_UNIX", authkey=key) as listener:  # the trainer connects once
         conn = listener.accept()
     worker = Worker()
+    try:
+        return serve(conn, worker)
+    finally:  # the trainer's weights file goes with the last process that uses it
+        if worker.push_path is not None and os.path.exists(worker.push_path):
+            os.unlink(worker.push_path)
+
+
+def serve(conn: Any, worker: Worker) -> int:
     while True:
         try:
             request = conn.recv()

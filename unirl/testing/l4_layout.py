@@ -1,6 +1,6 @@
 """L4: the same update whatever the layout. Every L2 step (sft, dpo, rm, rl, critic) again on each
 layout of :data:`LAYOUTS` the backend declares (data, tensor and pipeline parallel, ZeRO stages,
-offload, micro-batches by a token budget), against the same one-process oracle and within the same float32
+offload, micro-batches by a token budget, padding-free packed micro-batches), against the same one-process oracle and within the same float32
 tolerances (``TOLERANCES["L2.float32"]``): data-parallel ranks, shards and micro-batching must
 not change the loss, the gradient norm or the update. A layout the backend does not declare is a
 reported skip."""
@@ -20,6 +20,7 @@ LAYOUTS: tuple[tuple[str, ...], ...] = (
     ("parallel.tp=2",),
     ("parallel.pp=2",),
     ("trainer.max_tokens_per_micro_batch=20",),  # micro-batches by a token budget (L2's batch: 2-3 rows each)
+    ("trainer.packing=true",),  # padding-free: each micro-batch's rows as one sequence, attention kept within rows
 )
 
 

@@ -40,11 +40,12 @@ class AccelerateTrainer(ReferenceTrainer):
     def make_optimizer(self, model: Any, lr: float | None = None) -> Any:
         return self.accelerator.prepare_optimizer(super().make_optimizer(model, lr))
 
-    def forward(self, name: str, ids: Any, attn: Any) -> Any:
+    def forward(self, name: str, ids: Any, attn: Any, position_ids: Any = None) -> Any:
         if name in self.models.steppers and name not in self.prepared:  # trained models run prepared
             self.prepared[name] = self.accelerator.prepare_model(self.models.models[name])
         model = self.prepared.get(name, self.models.models[name])  # the frozen reference as it is
-        return model(input_ids=ids, attention_mask=attn).logits
+        packed = {} if position_ids is None else {"position_ids": position_ids, "use_cache": False}  # trainer.packing
+        return model(input_ids=ids, attention_mask=attn, **packed).logits
 
     def backward(self, name: str, loss: Any) -> None:
         self.accelerator.backward(loss)

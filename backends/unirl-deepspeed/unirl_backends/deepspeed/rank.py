@@ -134,11 +134,14 @@ class DeepSpeedRank(ReferenceTrainer):
                                                model_parameters=[p for p in model.parameters() if p.requires_grad])
         return engine
 
-    def forward(self, name: str, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def forward(self, name: str, ids: torch.Tensor, attn: torch.Tensor | None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Trained models run through their engine (ZeRO-3 gathers each layer's parameters)."""
         steppers = self.models.steppers
         model = steppers[name] if name in steppers else self.models.models[name]
-        return model(input_ids=ids, attention_mask=attn).logits
+        # packed: no cache, or transformers does not read the position ids as packed rows (masking_utils.py:883)
+        extra = {} if position_ids is None else {"position_ids": position_ids, "use_cache": False}
+        return model(input_ids=ids, attention_mask=attn, **extra).logits
 
     def backward(self, name: str, loss: torch.Tensor) -> None:
         """The rank's share of the step's loss, times the world size (DeepSpeed averages over ranks)."""

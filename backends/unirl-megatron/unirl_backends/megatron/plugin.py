@@ -13,7 +13,7 @@ from unirl.contract import BackendSpec
 # Megatron's micro-batches are its pipeline schedule's, a fixed number of equal ones: no token budget.
 # LoRA: megatron-core 0.16.1 and mbridge 0.15.1 have no LoRA adapters (Megatron-Bridge's PEFT is another
 # package, not installed): model.lora is unsupported
-CAPABILITIES = Capabilities(knobs={**all_values(), "trainer.max_tokens_per_micro_batch": {}, "model.lora": {}}, parallel={"dp": None, "tp": None, "pp": None,
+CAPABILITIES = Capabilities(knobs={**all_values(), "trainer.max_tokens_per_micro_batch": {}, "trainer.packing": {}, "model.lora": {}}, parallel={"dp": None, "tp": None, "pp": None,
                                                                          "zero_stage": (0, 1)})
 
 
