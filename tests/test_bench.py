@@ -377,18 +377,25 @@ def test_phase_attribution_names_the_deepest_framework_frame():
 def test_unirl_run_against_the_plain_process_computes_the_same_weights(tiny_model_dir, tmp_path, capsys):
     """``--baseline plain``: ``unirl run`` and the plain process (torch and transformers, no unirl
     import: the bench refuses one that imports it) in turn, each pair's whole-loop ratio with the
-    load before each, and both loops end with the same weights. Bad input exits 2 before any run."""
+    load before each and the time of each part, and both loops end with the same weights; for
+    ``deepspeed`` the plain process is DeepSpeed alone. Bad input exits 2 before any run."""
     out = tmp_path / "plain.json"
     proc = run_cli("bench", "configs/grpo_tiny.yaml", f"model.path={tiny_model_dir}", "stages.1.batch_size=8",
-                   "--baseline", "plain", "--steps", "3", "--repeat", "1", "--json", str(out),
-                   "--workdir", str(tmp_path / "w"))
+                   "--backends", "native,deepspeed", "--baseline", "plain", "--steps", "3", "--repeat", "1",
+                   "--json", str(out), "--workdir", str(tmp_path / "w"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    (result,) = json.loads(out.read_text())["plain"]
-    (pair,) = result["pairs"]
-    assert result["steps"] == 6 and pair["ratio"] == result["ratio"] == pair["unirl_loop_s"] / pair["plain_loop_s"]
-    assert 0 < pair["unirl_loop_s"] < pair["unirl_process_s"] and 0 < pair["plain_loop_s"] < pair["plain_process_s"]
-    assert result["check_steps"] == 3 and result["weight_diff"] < 1e-5  # SFT and GRPO steps, sampling included
-    assert len(pair["load_before"]) == 2 and "native / plain process, whole loop (6 steps" in proc.stdout
+    native, deepspeed = json.loads(out.read_text())["plain"]
+    assert (native["alone"], deepspeed["alone"]) == ("plain", "deepspeed")
+    for result in (native, deepspeed):
+        (pair,) = result["pairs"]
+        assert result["steps"] == 6 and pair["ratio"] == result["ratio"] == pair["unirl_loop_s"] / pair["plain_loop_s"]
+        assert 0 < pair["unirl_loop_s"] < pair["unirl_process_s"] and 0 < pair["plain_loop_s"] < pair["plain_process_s"]
+        # 3 SFT and 3 GRPO steps, sampling included, computed alike (DeepSpeed's AdamW on both sides for deepspeed)
+        assert result["check_steps"] == 3 and result["weight_diff"] < 1e-5, result
+        assert len(pair["load_before"]) == 2 and set(pair["parts"]) == {"sft", "generate", "reward", "update", "between"}
+        assert all(ours > 0 and theirs > 0 for part, (ours, theirs) in pair["parts"].items() if part != "between")
+    assert "native / plain process, whole loop (6 steps" in proc.stdout
+    assert "deepspeed / deepspeed alone, whole loop (6 steps" in proc.stdout and "| update |" in proc.stdout
     from unirl.cli import main
 
     capsys.readouterr()

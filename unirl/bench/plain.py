@@ -7,7 +7,12 @@ as a user would time them: ``unirl run RECIPE`` and ``python unirl/bench/plain_p
 transformers and :class:`unirl.bench.simple_loop.SimpleLoop`, no unirl import) on the same model,
 settings and examples, run in turn (A B A B A B). Each pair gives the ratio of the two whole
 loops' wall seconds (the first step's start to the last step's end: ``run.json``'s ``loop_s``, the
-script's own), and the machine's load average is read before each process starts.
+script's own), and the machine's load average is read before each process starts; the table splits
+both loops into the same parts (sft steps, generate, reward, update, and what lies between steps).
+
+For a backend whose framework the plain process can drive alone (:data:`FRAMEWORKS`: DeepSpeed), the
+plain process is that framework alone: the same loop with the model a ``deepspeed.initialize`` engine,
+DeepSpeed's backward, clipping and AdamW; the ratio is then unirl+framework / framework alone.
 """
 
 from __future__ import annotations
@@ -23,9 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from unirl import metrics as M
 from unirl.errors import UsageError
 
 SCRIPT = Path(__file__).with_name("plain_process.py")
+#: backends whose framework the plain process can drive alone (``plain_process.FRAMEWORK_LOOPS``); any
+#: other engine-mode backend is compared with the plain loop (torch and transformers)
+FRAMEWORKS = ("deepspeed",)
+#: the parts both sides time: the run's rows (summed over the steps) against the plain process's clocks
+PARTS = {"sft": (M.TIME_STEP,), "generate": (M.TIME_GENERATE,), "reward": (M.TIME_REWARD,),
+         "update": (M.TIME_REF, M.TIME_ADVANTAGES, M.TIME_TRAIN)}
 
 
 def check_job(recipe: Any) -> None:
@@ -37,6 +49,11 @@ def check_job(recipe: Any) -> None:
     bad = [f"{s.name} ({s.type})" for s in recipe.stages if s.type not in ("sft", "rl")]
     if bad:
         raise UsageError(f"--baseline plain runs sft and rl stages; the recipe has {', '.join(bad)}.")
+
+
+def alone(backend: str) -> str:
+    """What the plain process runs for ``backend``: its framework alone, or the plain loop."""
+    return backend if backend in FRAMEWORKS else "plain"
 
 
 def write_job(recipe: Any, path: Path) -> dict[str, Any]:
@@ -55,6 +72,7 @@ def write_job(recipe: Any, path: Path) -> dict[str, Any]:
                    for _ in range(st.steps)]
         stages.append({"name": st.name, "type": st.type, "lr": stage_lr(st, t), "batches": batches})
     job = {"model": ensure_base_model(recipe), "dtype": recipe.model.dtype, "seed": recipe.seed,
+           "framework": alone(recipe.backend),
            "threads": recipe.run.threads,
            "loop": {"lr": t.lr, "betas": [t.beta1, t.beta2], "eps": t.eps, "weight_decay": t.weight_decay,
                     "grad_clip": t.grad_clip if t.grad_clip is not None else float("inf"),
@@ -93,6 +111,8 @@ class PlainPair:
     unirl_process_s: float
     plain_process_s: float
     load_before: tuple[float, float]  # the 1-minute load average before each of the two started
+    #: per part (:data:`PARTS`, and ``between``: the loop less its steps), seconds over the steps: unirl, plain
+    parts: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -116,7 +136,8 @@ class PlainResult:
 
     def lines(self) -> list[str]:
         low, high = min(p.ratio for p in self.pairs), max(p.ratio for p in self.pairs)
-        out = [f"{self.backend} / plain process, whole loop ({self.steps} steps, {len(self.pairs)} interleaved pairs): "
+        other = "plain process" if alone(self.backend) == "plain" else f"{self.backend} alone"
+        out = [f"{self.backend} / {other}, whole loop ({self.steps} steps, {len(self.pairs)} interleaved pairs): "
                f"{self.ratio:.3f}x median [{low:.3f}-{high:.3f}]; the same computation: after {self.check_steps} "
                f"steps of each stage the two loops' weights differ by at most {self.weight_diff:.1e}; the load "
                f"average before each process ({os.cpu_count()} cores) in the table",
@@ -126,12 +147,21 @@ class PlainResult:
         for i, p in enumerate(self.pairs, 1):
             out.append(f"| {i} | {p.unirl_loop_s:.2f} | {p.plain_loop_s:.2f} | {p.ratio:.3f}x | {p.unirl_process_s:.2f} "
                        f"| {p.plain_process_s:.2f} | {p.load_before[0]:.2f}, {p.load_before[1]:.2f} |")
+        out += ["", f"Per part, seconds over the steps (median of the pairs): unirl+{self.backend} against {other}",
+                "", "| part | unirl s | alone s | ratio | unirl's extra ms/step |", "|---|---|---|---|---|"]
+        for part in [*PARTS, "between"]:
+            got = [p.parts[part] for p in self.pairs if part in p.parts]
+            if not got:
+                continue
+            ours, theirs = statistics.median(g[0] for g in got), statistics.median(g[1] for g in got)
+            ratio = f"{ours / theirs:.3f}x" if theirs > 0 else "-"
+            out.append(f"| {part} | {ours:.3f} | {theirs:.3f} | {ratio} | {1000 * (ours - theirs) / self.steps:.2f} |")
         return out
 
     def to_json(self) -> dict[str, Any]:
         return {"recipe": self.recipe, "backend": self.backend, "steps": self.steps, "ratio": self.ratio,
                 "cores": os.cpu_count(), "check_steps": self.check_steps, "weight_diff": self.weight_diff,
-                "pairs": [{**p.__dict__, "ratio": p.ratio} for p in self.pairs]}
+                "alone": alone(self.backend), "pairs": [{**p.__dict__, "ratio": p.ratio} for p in self.pairs]}
 
 
 def measure(recipe_path: str, overrides: Sequence[str], backend: str, repeat: int, workdir: Path,
@@ -166,9 +196,23 @@ def measure(recipe_path: str, overrides: Sequence[str], backend: str, repeat: in
         plain_s = _plain(workdir / "plain-job.json", out, weights if whole and rep == 0 else None)
         if whole and rep == 0:
             result.weight_diff = weight_diff(workdir / "unirl-0" / "model" / "model.safetensors", weights)
-        result.pairs.append(PlainPair(json.loads((workdir / f"unirl-{rep}" / "run.json").read_text())["loop_s"],
-                                      json.loads(out.read_text())["loop_s"], unirl_s, plain_s, (before, between)))
+        ran, got = json.loads((workdir / f"unirl-{rep}" / "run.json").read_text()), json.loads(out.read_text())
+        rows = M.read_metrics(workdir / f"unirl-{rep}" / "metrics.jsonl")
+        result.pairs.append(PlainPair(ran["loop_s"], got["loop_s"], unirl_s, plain_s, (before, between),
+                                      part_seconds(rows, ran["loop_s"], got)))
     return result
+
+
+def part_seconds(rows: list[dict[str, Any]], loop_s: float, plain: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Per part, the run's seconds (its rows, summed) and the plain process's (its clocks); ``between`` is
+    what the run spends outside its steps (rows, progress, checkpoints), against the plain loop's rest."""
+    out = {}
+    for part, keys in PARTS.items():
+        kind = "sft" if part == "sft" else "rl"
+        ours = sum(r.get(k, 0.0) for r in rows if r.get("stage_type") == kind for k in keys)
+        out[part] = (ours, float(plain["parts_s"][part]))
+    out["between"] = (loop_s - sum(r[M.TIME_STEP] for r in rows), plain["loop_s"] - sum(plain["parts_s"].values()))
+    return out
 
 
 def _unirl(recipe_path: str, overrides: Sequence[str], backend: str, run_dir: Path, model: str) -> float:

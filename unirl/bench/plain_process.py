@@ -14,7 +14,9 @@ the process's seconds before the loop (imports and loading), each part's seconds
 of the ``unirl`` package loaded (none: a test asserts it); ``WEIGHTS`` the model's weights after it.
 """
 
+import copy
 import json
+import os
 import re
 import sys
 import time
@@ -39,6 +41,54 @@ def arithmetic_reward(correct, well_formed):
     return reward
 
 
+def deepspeed_loop():
+    """DeepSpeed alone (``framework: deepspeed``): the loop's model is a DeepSpeed engine, as a DeepSpeed user
+    writes it: ``deepspeed.initialize`` on the model with the recipe's AdamW and clipping, forward through the
+    engine, ``engine.backward`` on each micro-batch's share of the loss, ``engine.step`` at the step's end."""
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    if "MASTER_PORT" not in os.environ:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    # DeepSpeed's CPU accelerator JIT-builds a small op once: the environment's cache, as a run's ranks use
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+
+    class DeepSpeedLoop(SimpleLoop):
+        def __init__(self, model, tok, **settings):
+            super().__init__(model, tok, **settings)
+            dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(model.dtype)
+            config = {"train_micro_batch_size_per_gpu": settings["micro_batch"], "gradient_accumulation_steps": 1,
+                      "gradient_clipping": settings["grad_clip"] if settings["grad_clip"] != float("inf") else 0.0,
+                      "optimizer": {"type": "AdamW", "params": {"lr": settings["lr"], "betas": settings["betas"],
+                                                                "eps": settings["eps"], "torch_adam": True,
+                                                                "weight_decay": settings["weight_decay"]}},
+                      "zero_optimization": {"stage": 0}, "bf16": {"enabled": dtype == "bf16"},
+                      "fp16": {"enabled": dtype == "fp16"}, "steps_per_print": 10**9}
+            self.model, self.opt, _, _ = deepspeed.initialize(model=model, config=config,
+                                                              model_parameters=list(model.parameters()))
+
+        def backward(self, loss):  # the shares already sum to the step's loss: no division by DeepSpeed
+            self.model.set_gradient_accumulation_boundary(False)
+            self.model.backward(loss, scale_wrt_gas=False)
+
+        def optimizer_step(self):  # DeepSpeed clips (gradient_clipping), steps AdamW and zeroes the gradients
+            self.model.set_gradient_accumulation_boundary(True)
+            self.model.step()
+
+    return DeepSpeedLoop
+
+
+#: framework -> the loop class made with it (imported only when the job names it)
+FRAMEWORK_LOOPS = {"deepspeed": deepspeed_loop}
+
+
 def main(job_path, out_path):
     job = json.loads(open(job_path).read())
     if job["threads"]:
@@ -49,14 +99,15 @@ def main(job_path, out_path):
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=getattr(torch, job["dtype"]),
                                                  attn_implementation="sdpa")
-    loop = SimpleLoop(model, tok, **job["loop"])
+    framework = job.get("framework", "plain")
+    loop = (SimpleLoop if framework == "plain" else FRAMEWORK_LOOPS[framework]())(model, tok, **job["loop"])
     reward = arithmetic_reward(**job["reward"])
     parts = {"sft": 0.0, "generate": 0.0, "reward": 0.0, "update": 0.0}  # seconds, summed over the steps
     loaded = time.perf_counter()
     for stage in job["stages"]:
         loop.set_lr(stage["lr"])
-        if stage["type"] == "rl":
-            loop.reference = None  # the policy the stage starts from
+        if stage["type"] == "rl":  # the policy the stage starts from
+            loop.reference = copy.deepcopy(model).eval().requires_grad_(False)
         group = job["loop"]["group"]
         for batch in stage["batches"]:
             prompts = [e[0] for e in batch]

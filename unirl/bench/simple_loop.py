@@ -36,6 +36,9 @@ class SimpleLoop:
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
         return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 
+    def backward(self, loss):  # one micro-batch's share of the step's loss
+        loss.backward()
+
     def optimizer_step(self):
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         self.opt.step()
@@ -53,7 +56,7 @@ class SimpleLoop:
                                for p, r in zip(p_ids, rows)])[:, 1:]
         for i in range(0, len(rows), self.micro):
             nll = -self.logp(self.model, ids[i:i + self.micro], attn[i:i + self.micro])
-            ((nll * target[i:i + self.micro]).sum() / target.sum()).backward()
+            self.backward((nll * target[i:i + self.micro]).sum() / target.sum())
         self.optimizer_step()
 
     def rl_step(self, prompts, reward: Callable[[list[str]], list[float]]):
@@ -91,6 +94,6 @@ class SimpleLoop:
             kl = torch.exp(d) - d - 1  # k3
             ratio, a = torch.exp(lp - lp.detach()), adv[i:i + micro]
             pg = torch.maximum(-ratio * a, -ratio.clamp(1 - self.clip[0], 1 + self.clip[1]) * a)
-            ((pg + self.kl_coef * kl) * mask[i:i + micro]).sum().div(mask.sum()).backward()
+            self.backward(((pg + self.kl_coef * kl) * mask[i:i + micro]).sum().div(mask.sum()))
         self.optimizer_step()
 # --- to here

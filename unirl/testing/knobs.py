@@ -56,6 +56,8 @@ def overrides_for(key: str, value: Any) -> list[str]:
         return [RL_STAGE, "model.lora.rank=4"]
     if key == "trainer.max_tokens_per_micro_batch":
         return [RL_STAGE, "trainer.max_tokens_per_micro_batch=64"]
+    if key == "trainer.packing":
+        return [RL_STAGE, "trainer.packing=true"]
     if key == "algorithm.norm_adv_by_std":
         return [RL_STAGE, "algorithm.advantage=grpo", f"{key}={str(value).lower()}"]
     return [RL_STAGE, f"{key}={value}"]
