@@ -130,6 +130,8 @@ class Worker:
             assert path is not None
             if layout is not None or path != self.push_path:
                 self.push_path, self.push_views = path, _push_buffer().mapped_views(path, layout or [])
+                if os.path.exists(path):  # both sides hold it mapped: the name can go now, so a trainer and
+                    os.unlink(path)  # worker both killed (the watch ends this one with os._exit) leave nothing
             weights = self.push_views
         mapped = time.perf_counter()
 
