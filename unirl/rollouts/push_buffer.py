@@ -8,8 +8,9 @@ their slots (one copy, into pages already there) and names the file, and the lay
 changed. The worker maps the same file once (``torch.from_file(..., shared=True)``) and hands
 views of it to vLLM's in-place reload: no copy of its own.
 
-The file is the engine's: :meth:`close` removes it (the engine's finaliser calls it), and the
-worker removes it too when it ends, so a trainer killed with SIGKILL leaves nothing in /dev/shm.
+The file's name lives only until the worker has mapped it: the worker then unlinks it (both sides
+keep their mappings), so a trainer and worker killed together leave nothing in /dev/shm; :meth:`close`
+(the engine's finaliser calls it) removes a name the worker never mapped.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class PushBuffer:
 
 
 def mapped_views(path: str, spec: list[Any]) -> dict[str, torch.Tensor]:
-    """The worker's side (``vllm_worker.py`` has the same few lines: unirl is not importable there):
+    """The worker's side (``vllm_worker.py`` loads this file by path: unirl is not importable there):
     one view per slot of the file at ``path``."""
     total = max((offset + size for _, _, _, offset, size in spec), default=1)
     buf = torch.from_file(path, shared=True, size=max(total, 1), dtype=torch.uint8)

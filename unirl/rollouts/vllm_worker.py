@@ -209,14 +209,6 @@ def main() -> int:
     with Listener(address, family="AF_UNIX", authkey=key) as listener:  # the trainer connects once
         conn = listener.accept()
     worker = Worker()
-    try:
-        return serve(conn, worker)
-    finally:  # the trainer's weights file goes with the last process that uses it
-        if worker.push_path is not None and os.path.exists(worker.push_path):
-            os.unlink(worker.push_path)
-
-
-def serve(conn: Any, worker: Worker) -> int:
     while True:
         try:
             request = conn.recv()
