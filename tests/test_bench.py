@@ -378,24 +378,32 @@ def test_unirl_run_against_the_plain_process_computes_the_same_weights(tiny_mode
     """``--baseline plain``: ``unirl run`` and the plain process (torch and transformers, no unirl
     import: the bench refuses one that imports it) in turn, each pair's whole-loop ratio with the
     load before each and the time of each part, and both loops end with the same weights; for
-    ``deepspeed`` the plain process is DeepSpeed alone. Bad input exits 2 before any run."""
+    ``deepspeed``, ``verl`` and ``openrlhf`` the plain process is that framework alone. Bad input exits 2 before
+    any run."""
     out = tmp_path / "plain.json"
     proc = run_cli("bench", "configs/grpo_tiny.yaml", f"model.path={tiny_model_dir}", "stages.1.batch_size=8",
-                   "--backends", "native,deepspeed", "--baseline", "plain", "--steps", "3", "--repeat", "1",
+                   "--backends", "native,deepspeed,verl,openrlhf", "--baseline", "plain", "--steps", "2", "--repeat", "1",
                    "--json", str(out), "--workdir", str(tmp_path / "w"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    native, deepspeed = json.loads(out.read_text())["plain"]
-    assert (native["alone"], deepspeed["alone"]) == ("plain", "deepspeed")
-    for result in (native, deepspeed):
+    results = json.loads(out.read_text())["plain"]
+    assert [r["alone"] for r in results] == ["plain", "deepspeed", "verl", "openrlhf"]
+    verl = results[2]
+    for result in results:
         (pair,) = result["pairs"]
-        assert result["steps"] == 6 and pair["ratio"] == result["ratio"] == pair["unirl_loop_s"] / pair["plain_loop_s"]
+        assert result["steps"] == 4 and pair["ratio"] == result["ratio"] == pair["unirl_loop_s"] / pair["plain_loop_s"]
         assert 0 < pair["unirl_loop_s"] < pair["unirl_process_s"] and 0 < pair["plain_loop_s"] < pair["plain_process_s"]
-        # 3 SFT and 3 GRPO steps, sampling included, computed alike (DeepSpeed's AdamW on both sides for deepspeed)
-        assert result["check_steps"] == 3 and result["weight_diff"] < 1e-5, result
-        assert len(pair["load_before"]) == 2 and set(pair["parts"]) == {"sft", "generate", "reward", "update", "between"}
-        assert all(ours > 0 and theirs > 0 for part, (ours, theirs) in pair["parts"].items() if part != "between")
-    assert "native / plain process, whole loop (6 steps" in proc.stdout
-    assert "deepspeed / deepspeed alone, whole loop (6 steps" in proc.stdout and "| update |" in proc.stdout
+        # 2 SFT and 2 GRPO steps, sampling included, computed alike (the framework's optimizer and losses on both
+        # sides): the same weights
+        assert result["check_steps"] == 2 and result["weight_diff"] < 1e-5, result
+        assert len(pair["load_before"]) == 2
+        assert set(pair["parts"]) == {"sft", "generate", "reward", "update", "sync", "between"}
+        assert all(ours > 0 and theirs > 0 for part, (ours, theirs) in pair["parts"].items()
+                   if part not in ("between", "sync"))
+    # the weights reach the generating model: verl's alone loop copies them from its engine as unirl does
+    assert verl["pairs"][0]["parts"]["sync"][1] > 0 and verl["pairs"][0]["parts"]["sync"][0] > 0
+    assert "native / plain process, whole loop (4 steps" in proc.stdout
+    assert "openrlhf / openrlhf alone, whole loop (4 steps" in proc.stdout
+    assert "deepspeed / deepspeed alone, whole loop (4 steps" in proc.stdout and "| update |" in proc.stdout
     from unirl.cli import main
 
     capsys.readouterr()
@@ -403,6 +411,8 @@ def test_unirl_run_against_the_plain_process_computes_the_same_weights(tiny_mode
     assert "reward.name=arithmetic" in capsys.readouterr().err
     assert main(["bench", "configs/grpo_tiny.yaml", "--baseline", "plain", "--layouts", "dp=2"]) == 2
     assert "--layouts" in capsys.readouterr().err
+    assert main(["bench", "configs/grpo_tiny.yaml", "algorithm.advantage=rloo", "--baseline", "plain"]) == 2
+    assert "algorithm.advantage='grpo'" in capsys.readouterr().err  # what the plain loops compute
 
 
 def test_the_push_sweep_sizes_its_models_and_fits_fixed_and_per_byte_costs():

@@ -29,15 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from unirl import metrics as M
-from unirl.errors import UsageError
+from unirl.errors import RunError, UsageError
 
 SCRIPT = Path(__file__).with_name("plain_process.py")
 #: backends whose framework the plain process can drive alone (``plain_process.FRAMEWORK_LOOPS``); any
 #: other engine-mode backend is compared with the plain loop (torch and transformers)
-FRAMEWORKS = ("deepspeed",)
+FRAMEWORKS = ("deepspeed", "verl", "openrlhf")
 #: the parts both sides time: the run's rows (summed over the steps) against the plain process's clocks
 PARTS = {"sft": (M.TIME_STEP,), "generate": (M.TIME_GENERATE,), "reward": (M.TIME_REWARD,),
-         "update": (M.TIME_REF, M.TIME_ADVANTAGES, M.TIME_TRAIN)}
+         "update": (M.TIME_REF, M.TIME_ADVANTAGES, M.TIME_TRAIN), "sync": (M.TIME_SYNC,)}
 
 
 def check_job(recipe: Any) -> None:
@@ -49,6 +49,20 @@ def check_job(recipe: Any) -> None:
     bad = [f"{s.name} ({s.type})" for s in recipe.stages if s.type not in ("sft", "rl")]
     if bad:
         raise UsageError(f"--baseline plain runs sft and rl stages; the recipe has {', '.join(bad)}.")
+    a = recipe.algorithm
+    for key, value in PLAIN_ALGORITHM.items():  # what the plain loops compute (simple_loop.py and its frameworks)
+        if a.get(key) != value:
+            raise UsageError(f"--baseline plain computes algorithm.{key}={value!r} (GRPO, the k3 KL in the loss, the "
+                             f"token-mean PPO loss, one update per batch); this recipe has algorithm.{key}="
+                             f"{a.get(key)!r}. Compare it with the in-process A/B instead (unirl bench without "
+                             f"--baseline).")
+
+
+#: the algorithm settings the plain loops compute (others would make their weights differ from the run's)
+PLAIN_ALGORITHM = {"advantage": "grpo", "norm_adv_by_std": True, "policy_loss": "ppo", "loss_agg": "token_mean",
+                   "kl_loss_estimator": "k3", "kl_reward_coef": 0.0, "dual_clip": None, "tis_cap": None,
+                   "entropy_coef": 0.0, "ppo_epochs": 1, "mini_batches": 1, "dynamic_sampling": False,
+                   "overlong_buffer": None}
 
 
 def alone(backend: str) -> str:
@@ -81,6 +95,11 @@ def write_job(recipe: Any, path: Path) -> dict[str, Any]:
                     "clip_high": a.clip_high, "kl_coef": a.kl_loss_coef, "adv_eps": a.adv_eps},
            "reward": {"correct": float(recipe.reward.correct), "well_formed": float(recipe.reward.well_formed)},
            "stages": stages}
+    job["framework_settings"] = {  # what a framework's loop takes beyond the plain loop's
+        "plain": {}, "deepspeed": {},
+        "verl": {"path": job["model"], "seed": recipe.seed, "total_steps": sum(len(s["batches"]) for s in stages)},
+        "openrlhf": {"path": job["model"], "zero_stage": int(recipe.parallel.zero_stage), "gamma": float(a.gamma),
+                     "lam": float(a.lam)}}[job["framework"]]
     path.write_text(json.dumps(job))
     return job
 
@@ -97,8 +116,8 @@ def _run(argv: Sequence[str]) -> float:
     t0 = time.perf_counter()
     proc = subprocess.run(list(argv), capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, argv[:4]))} ... exit {proc.returncode}: "
-                           f"{(proc.stderr or proc.stdout).strip()[-800:]}")
+        raise RunError(f"{' '.join(map(str, argv[:4]))} ... exit {proc.returncode}: "
+                       f"{(proc.stderr or proc.stdout).strip()[-800:]}")
     return time.perf_counter() - t0
 
 
@@ -217,7 +236,7 @@ def part_seconds(rows: list[dict[str, Any]], loop_s: float, plain: dict[str, Any
 
 def _unirl(recipe_path: str, overrides: Sequence[str], backend: str, run_dir: Path, model: str) -> float:
     return _run([sys.executable, "-m", "unirl", "run", recipe_path, *overrides, f"backend={backend}",
-                 f"run.dir={run_dir}", f"model.path={model}"])
+                 f"run.dir={run_dir}", "run.overwrite=true", f"model.path={model}"])
 
 
 def _plain(job: Path, out: Path, weights: Path | None = None) -> float:

@@ -43,12 +43,14 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
-from unirl.errors import UsageError
-
 
 def package_dir() -> str:
     spec = importlib.util.find_spec("openrlhf")
     if spec is None or not spec.submodule_search_locations:
+        # imported here: this module imports nothing of unirl, so OpenRLHF alone (the bench's plain
+        # process, unirl/bench/plain_process.py) reaches OpenRLHF through it without importing unirl
+        from unirl.errors import UsageError
+
         raise UsageError("backend 'openrlhf' needs the openrlhf package (0.11.2): run scripts/setup_env.sh, or "
                          "`pip install --no-deps openrlhf==0.11.2` beside deepspeed==0.19.8.")
     return list(spec.submodule_search_locations)[0]
