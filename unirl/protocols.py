@@ -529,6 +529,18 @@ class DirectBaselines(Protocol):
                         steps: int) -> Any: ...
 
 
+@runtime_checkable
+class AloneLoops(Protocol):
+    """A backend whose framework can drive the plain process's loop alone, for ``unirl bench --baseline plain``
+    (:mod:`unirl.bench.plain`): ``(module, settings)``, or None when it offers none for this recipe. The plain
+    process (``unirl/bench/plain_process.py``, which imports nothing of unirl) imports ``module``, which must import
+    nothing of the ``unirl`` package either, and calls its ``make(Loop, path=, seed=, **settings)``: the loop class
+    over ``Loop`` (:class:`unirl.bench.simple_loop.SimpleLoop` with ``freeze_reference`` and ``sync_weights``),
+    computing what ``unirl run`` computes on this backend (the bench checks the weights both end with)."""
+
+    def alone_loop(self, recipe: Any) -> tuple[str, dict[str, Any]] | None: ...
+
+
 # Rollout engines
 
 

@@ -10,9 +10,12 @@ loops' wall seconds (the first step's start to the last step's end: ``run.json``
 script's own), and the machine's load average is read before each process starts; the table splits
 both loops into the same parts (sft steps, generate, reward, update, and what lies between steps).
 
-For a backend whose framework the plain process can drive alone (:data:`FRAMEWORKS`: DeepSpeed), the
-plain process is that framework alone: the same loop with the model a ``deepspeed.initialize`` engine,
-DeepSpeed's backward, clipping and AdamW; the ratio is then unirl+framework / framework alone.
+For a backend whose framework the plain process drives alone (:data:`FRAMEWORKS`: DeepSpeed, verl,
+OpenRLHF, Megatron-core), the plain process is that framework alone, as its users drive it (its engine,
+optimizer and losses; ``plain_process.FRAMEWORK_LOOPS``), and the ratio is unirl+framework / framework
+alone. Where a framework needs a fence to run on a CPU at all (verl's CPU platform, OpenRLHF's
+stand-ins for flash-attn, Megatron's CUDA calls), the plain process uses the backend distribution's
+module for it, which imports nothing of the ``unirl`` package.
 """
 
 from __future__ import annotations
@@ -32,9 +35,6 @@ from unirl import metrics as M
 from unirl.errors import RunError, UsageError
 
 SCRIPT = Path(__file__).with_name("plain_process.py")
-#: backends whose framework the plain process can drive alone (``plain_process.FRAMEWORK_LOOPS``); any
-#: other engine-mode backend is compared with the plain loop (torch and transformers)
-FRAMEWORKS = ("deepspeed", "verl", "openrlhf")
 #: the parts both sides time: the run's rows (summed over the steps) against the plain process's clocks
 PARTS = {"sft": (M.TIME_STEP,), "generate": (M.TIME_GENERATE,), "reward": (M.TIME_REWARD,),
          "update": (M.TIME_REF, M.TIME_ADVANTAGES, M.TIME_TRAIN), "sync": (M.TIME_SYNC,)}
@@ -65,9 +65,14 @@ PLAIN_ALGORITHM = {"advantage": "grpo", "norm_adv_by_std": True, "policy_loss": 
                    "overlong_buffer": None}
 
 
-def alone(backend: str) -> str:
-    """What the plain process runs for ``backend``: its framework alone, or the plain loop."""
-    return backend if backend in FRAMEWORKS else "plain"
+def alone_loop(recipe: Any) -> tuple[str, dict[str, Any]] | None:
+    """What the plain process runs for the recipe's backend: its framework alone (the backend's
+    :class:`unirl.protocols.AloneLoops` module and settings), or None for the plain loop."""
+    from unirl.builders import build_backend
+    from unirl.protocols import AloneLoops
+
+    backend = build_backend(recipe)
+    return backend.alone_loop(recipe) if isinstance(backend, AloneLoops) else None
 
 
 def write_job(recipe: Any, path: Path) -> dict[str, Any]:
@@ -86,7 +91,6 @@ def write_job(recipe: Any, path: Path) -> dict[str, Any]:
                    for _ in range(st.steps)]
         stages.append({"name": st.name, "type": st.type, "lr": stage_lr(st, t), "batches": batches})
     job = {"model": ensure_base_model(recipe), "dtype": recipe.model.dtype, "seed": recipe.seed,
-           "framework": alone(recipe.backend),
            "threads": recipe.run.threads,
            "loop": {"lr": t.lr, "betas": [t.beta1, t.beta2], "eps": t.eps, "weight_decay": t.weight_decay,
                     "grad_clip": t.grad_clip if t.grad_clip is not None else float("inf"),
@@ -95,11 +99,8 @@ def write_job(recipe: Any, path: Path) -> dict[str, Any]:
                     "clip_high": a.clip_high, "kl_coef": a.kl_loss_coef, "adv_eps": a.adv_eps},
            "reward": {"correct": float(recipe.reward.correct), "well_formed": float(recipe.reward.well_formed)},
            "stages": stages}
-    job["framework_settings"] = {  # what a framework's loop takes beyond the plain loop's
-        "plain": {}, "deepspeed": {},
-        "verl": {"path": job["model"], "seed": recipe.seed, "total_steps": sum(len(s["batches"]) for s in stages)},
-        "openrlhf": {"path": job["model"], "zero_stage": int(recipe.parallel.zero_stage), "gamma": float(a.gamma),
-                     "lam": float(a.lam)}}[job["framework"]]
+    if (loop := alone_loop(recipe)) is not None:
+        job["alone"] = {"backend": recipe.backend, "module": loop[0], "settings": loop[1]}
     path.write_text(json.dumps(job))
     return job
 
@@ -148,6 +149,8 @@ class PlainResult:
     #: after both loops ran them (sampling diverges over hundreds of steps as float rounding grows)
     check_steps: int = 0
     weight_diff: float = float("nan")
+    #: what the plain process ran: ``plain`` (torch and transformers), or the backend's framework alone
+    alone: str = "plain"
 
     @property
     def ratio(self) -> float:
@@ -155,7 +158,7 @@ class PlainResult:
 
     def lines(self) -> list[str]:
         low, high = min(p.ratio for p in self.pairs), max(p.ratio for p in self.pairs)
-        other = "plain process" if alone(self.backend) == "plain" else f"{self.backend} alone"
+        other = "plain process" if self.alone == "plain" else f"{self.backend} alone"
         out = [f"{self.backend} / {other}, whole loop ({self.steps} steps, {len(self.pairs)} interleaved pairs): "
                f"{self.ratio:.3f}x median [{low:.3f}-{high:.3f}]; the same computation: after {self.check_steps} "
                f"steps of each stage the two loops' weights differ by at most {self.weight_diff:.1e}; the load "
@@ -180,7 +183,7 @@ class PlainResult:
     def to_json(self) -> dict[str, Any]:
         return {"recipe": self.recipe, "backend": self.backend, "steps": self.steps, "ratio": self.ratio,
                 "cores": os.cpu_count(), "check_steps": self.check_steps, "weight_diff": self.weight_diff,
-                "alone": alone(self.backend), "pairs": [{**p.__dict__, "ratio": p.ratio} for p in self.pairs]}
+                "alone": self.alone, "pairs": [{**p.__dict__, "ratio": p.ratio} for p in self.pairs]}
 
 
 def measure(recipe_path: str, overrides: Sequence[str], backend: str, repeat: int, workdir: Path,
@@ -192,12 +195,14 @@ def measure(recipe_path: str, overrides: Sequence[str], backend: str, repeat: in
 
     workdir.mkdir(parents=True, exist_ok=True)
     recipe = load_recipe(recipe_path, [*overrides, f"backend={backend}", f"run.dir={workdir / 'unirl'}"])
-    model = write_job(recipe, workdir / "plain-job.json")["model"]
+    job = write_job(recipe, workdir / "plain-job.json")
+    model = job["model"]
     short = [*overrides, *(f"stages.{i}.steps={min(int(s.steps), check_steps)}" for i, s in enumerate(recipe.stages))]
     write_job(load_recipe(recipe_path, [*short, f"backend={backend}", f"run.dir={workdir / 'unirl'}"]),
               workdir / "check-job.json")
     result = PlainResult(recipe_path, backend, sum(int(s.steps) for s in recipe.stages),
-                         check_steps=min(check_steps, max(int(s.steps) for s in recipe.stages)))
+                         check_steps=min(check_steps, max(int(s.steps) for s in recipe.stages)),
+                         alone=job["alone"]["backend"] if "alone" in job else "plain")
     whole = all(int(s.steps) <= check_steps for s in recipe.stages)  # then the first timed pair is the check
     if not whole:
         progress(f"checking that both compute the same weights ({check_steps} steps per stage)")

@@ -24,6 +24,16 @@ class DeepSpeedBackend:
         # its ranks' update is ReferenceTrainer's: it measures the train-inference gap itself
         return RankedTrainer(ctx, make_rank, world=ctx.recipe.parallel.dp, name="deepspeed", reports_logprob_diff=True)
 
+    def alone_loop(self, recipe: Any) -> tuple[str, dict[str, Any]] | None:
+        """``unirl bench --baseline plain``: DeepSpeed alone (:mod:`unirl_backends.deepspeed.alone`), for the
+        one-rank ZeRO-0 layout without LoRA; None otherwise (the plain loop)."""
+        from unirl.trainers import Lora
+
+        p = recipe.parallel
+        if (p.dp, p.zero_stage) != (1, 0) or Lora.section(recipe) is not None:
+            return None
+        return "unirl_backends.deepspeed.alone", {}
+
     def math(self) -> Any:
         """Advantages and the reward KL: unirl's reference functions (DeepSpeed has no RL math)."""
         from unirl.trainers import ReferenceMath

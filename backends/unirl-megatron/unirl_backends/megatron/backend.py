@@ -76,6 +76,14 @@ class MegatronBackend:
     def build_trainer(self, ctx: BuildContext) -> MegatronTrainer:
         return MegatronTrainer(ctx)
 
+    def alone_loop(self, recipe: Any) -> tuple[str, dict[str, Any]] | None:
+        """``unirl bench --baseline plain``: Megatron-core alone (:mod:`unirl_backends.megatron.alone`), for the
+        one-rank layout; None otherwise (the plain loop)."""
+        p = recipe.parallel
+        if (p.dp, p.tp, p.pp, p.zero_stage) != (1, 1, 1, 0):
+            return None
+        return "unirl_backends.megatron.alone", {}
+
     def math(self) -> Any:
         """Advantages, KL and losses are unirl's reference functions (Megatron-core has no RL math)."""
         from unirl.trainers import ReferenceMath

@@ -103,10 +103,12 @@ def make_bridge(hf_config: Any, dtype: torch.dtype) -> Any:
     """The mbridge bridge for ``hf_config`` on the local spec, configured for this backend."""
     import importlib
 
-    from unirl.errors import ConfigError
-
     kind = getattr(hf_config, "model_type", None)
     if kind not in SUPPORTED:
+        # imported here: this module imports nothing of unirl otherwise, so Megatron alone (the bench's plain
+        # process, unirl/bench/plain_process.py) builds its model through it without importing unirl
+        from unirl.errors import ConfigError
+
         raise ConfigError(f"backend=megatron converts {', '.join(SUPPORTED)} models (mbridge with Megatron's local "
                           f"layer spec); model.path has model_type={kind!r}. Use backend=native for it.",
                           key="model.path", value=kind)
@@ -149,14 +151,15 @@ def build_model(bridge: Any) -> torch.nn.Module:
     """This pipeline stage's GPTModel (random init; :meth:`load_state` fills it); a scorer bridge's
     with its scalar head."""
     from megatron.core import parallel_state as ps
-    from unirl.trainers import Ranks
 
     callbacks: list[Callable[..., None]] = getattr(bridge, "post_creation", [])
     model = bridge._model_provider(callbacks)(pre_process=ps.is_pipeline_first_stage(),
                                               post_process=ps.is_pipeline_last_stage())
     # built on the CPU (use_cpu_initialization), then on the rank's GPU where there is one (as
-    # Megatron-LM's training.get_model does before wrapping it in DDP)
-    return model.to(Ranks.local_device())
+    # Megatron-LM's training.get_model does before wrapping it in DDP; the device unirl's ranks select)
+    if torch.cuda.is_available():
+        return model.to(torch.device("cuda", torch.cuda.current_device()))
+    return model
 
 
 def export_state(bridge: Any, model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -50,3 +50,14 @@ class OpenRLHFBackend:
         from unirl_backends.openrlhf.algorithm_math import OpenRLHFMath
 
         return OpenRLHFMath(self.recipe)
+
+    def alone_loop(self, recipe: Any) -> tuple[str, dict[str, Any]] | None:
+        """``unirl bench --baseline plain``: OpenRLHF alone (:mod:`unirl_backends.openrlhf.alone`) in engine mode on
+        one rank without LoRA; None otherwise (the plain loop)."""
+        from unirl.trainers import Lora
+
+        if self.options.get("mode", "engine") != "engine" or recipe.parallel.dp != 1 or Lora.section(recipe) is not None:
+            return None
+        a = recipe.algorithm
+        return "unirl_backends.openrlhf.alone", {"zero_stage": int(recipe.parallel.zero_stage), "gamma": float(a.gamma),
+                                                 "lam": float(a.lam)}

@@ -50,6 +50,15 @@ class VerlBackend:
 
         return read_back(native)
 
+    def alone_loop(self, recipe: Any) -> tuple[str, dict[str, Any]] | None:
+        """``unirl bench --baseline plain``: verl alone (:mod:`unirl_backends.verl.alone`) in engine mode on one rank
+        without LoRA; None otherwise (the plain loop)."""
+        from unirl.trainers import Lora
+
+        if self.config.mode != "engine" or recipe.parallel.dp != 1 or Lora.section(recipe) is not None:
+            return None
+        return "unirl_backends.verl.alone", {"total_steps": max(1, sum(int(s.steps) for s in recipe.stages))}
+
     def math(self) -> Any:
         from unirl_backends.verl.algorithm_math import VerlMath
 
