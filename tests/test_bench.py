@@ -428,3 +428,7 @@ def test_the_push_sweep_sizes_its_models_and_fits_fixed_and_per_byte_costs():
     points = [{"bytes": b, "median": {"total_s": 0.03 + b * 0.4 / 2**30}} for b in (2**20, 2**27, 2**30)]
     got = fit(points)
     assert got["fixed_ms"] == pytest.approx(30, abs=1e-6) and got["ms_per_gb"] == pytest.approx(400, rel=1e-9)
+    # fixed at the small sizes, nearly linear at the large: the exponent between the two largest is the higher
+    assert 0 < got["exponent"] < got["exponent_largest"] < 1 and got["exponent_r2"] <= 1
+    linear = fit([{"bytes": b, "median": {"total_s": b * 1e-9}} for b in (2**20, 2**27, 2**30)])
+    assert linear["exponent"] == pytest.approx(1) and linear["exponent_largest"] == pytest.approx(1)

@@ -110,7 +110,14 @@ def fit(points: list[dict[str, Any]]) -> dict[str, float]:
     n, mx, my = len(xs), statistics.fmean(xs), statistics.fmean(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     per_byte = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if n > 1 and sxx else 0.0
-    return {"fixed_ms": 1000 * (my - per_byte * mx), "ms_per_gb": 1000 * per_byte * 2**30}
+    out = {"fixed_ms": 1000 * (my - per_byte * mx), "ms_per_gb": 1000 * per_byte * 2**30}
+    if n > 1 and sxx:  # how the push grows with the bytes: over every size, and between the two largest
+        from unirl.bench.fit import growth_exponent
+
+        top = sorted(zip(xs, ys))[-2:]
+        out["exponent"], out["exponent_r2"] = growth_exponent(xs, ys)
+        out["exponent_largest"] = growth_exponent([x for x, _ in top], [y for _, y in top])[0]
+    return out
 
 
 def own_part(median: dict[str, float]) -> float:
@@ -133,8 +140,11 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{own_part(m) / p['memcpy_s']:.2f}x | {1000 * p['first_push_s']:.0f} |")
     lines.append("")
     for dtype, f in result["fit"].items():
+        growth = (f"; growth exponent {f['exponent']:.2f} over the sizes (r2 {f['exponent_r2']:.2f}), "
+                  f"{f['exponent_largest']:.2f} between the two largest" if "exponent" in f else "")
         lines.append(f"- {dtype}: push = {f['fixed_ms']:.1f} ms + {f['ms_per_gb']:.0f} ms/GiB "
-                     f"(memcpy here: {f['memcpy_ms_per_gb']:.0f} ms/GiB; per byte {f['per_byte_vs_memcpy']:.2f}x)")
+                     f"(memcpy here: {f['memcpy_ms_per_gb']:.0f} ms/GiB; per byte {f['per_byte_vs_memcpy']:.2f}x)"
+                     + growth)
     return "\n".join(lines) + "\n"
 
 
