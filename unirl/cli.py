@@ -441,8 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "each multi-rank entry runs once more with profile.collectives=true for its comm columns")
     b.add_argument("--baseline", choices=["plain"],
                    help="plain: each backend's whole unirl run against the simplest loop as a process of its own "
-                        "(torch and transformers only, same model, settings and examples), --repeat interleaved pairs "
-                        "of the recipe's whole loop (--steps cuts each stage), the machine's load beside each")
+                        "(torch and transformers only, same model, settings and examples; for deepspeed, verl, "
+                        "openrlhf and megatron that framework alone), --repeat interleaved pairs of the recipe's whole "
+                        "loop (--steps cuts each stage), the machine's load beside each")
     b.add_argument("--tinker", action="store_true",
                    help="the Tinker API's own cost instead: each backend's SFT and RL step driven by the SDK against "
                         "unirl serve on loopback, against the same trainer calls in process (docs/tinker.md)")
