@@ -10,10 +10,10 @@ loops' wall seconds (the first step's start to the last step's end: ``run.json``
 script's own), and the machine's load average is read before each process starts; the table splits
 both loops into the same parts (sft steps, generate, reward, update, and what lies between steps).
 
-For a backend whose framework the plain process drives alone (:data:`FRAMEWORKS`: DeepSpeed, verl,
-OpenRLHF, Megatron-core), the plain process is that framework alone, as its users drive it (its engine,
-optimizer and losses; ``plain_process.FRAMEWORK_LOOPS``), and the ratio is unirl+framework / framework
-alone. Where a framework needs a fence to run on a CPU at all (verl's CPU platform, OpenRLHF's
+For a backend whose framework the plain process drives alone (its :class:`unirl.protocols.AloneLoops`
+``alone_loop``: DeepSpeed, verl, OpenRLHF, Megatron-core), the plain process is that framework alone, as
+its users drive it (its engine, optimizer and losses; ``unirl_backends/<name>/alone.py``), and the ratio
+is unirl+framework / framework alone. Where a framework needs a fence to run on a CPU at all (verl's CPU platform, OpenRLHF's
 stand-ins for flash-attn, Megatron's CUDA calls), the plain process uses the backend distribution's
 module for it, which imports nothing of the ``unirl`` package.
 """

@@ -33,8 +33,11 @@ class SimpleLoop:
 
     @staticmethod
     def logp(model, ids, attn):  # log p(ids[:, t] | ids[:, :t]) for t >= 1
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        return SimpleLoop.token_logp(model(input_ids=ids, attention_mask=attn).logits, ids)
+
+    @staticmethod
+    def token_logp(logits, ids):  # the same, from the model's logits
+        return torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 
     def backward(self, loss):  # one micro-batch's share of the step's loss
         loss.backward()
@@ -44,7 +47,7 @@ class SimpleLoop:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
 
-    def sft_step(self, prompts, completions):
+    def sft_batch(self, prompts, completions):  # right-padded rows, attention, targets (completion and EOS)
         tok, eos, pad = self.tok, self.tok.eos_token_id, self.tok.pad_token_id
         p_ids = tok(prompts, add_special_tokens=False).input_ids
         c_ids = tok(completions, add_special_tokens=False).input_ids
@@ -54,7 +57,11 @@ class SimpleLoop:
         attn = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
         target = torch.tensor([[0] * len(p) + [1] * (len(r) - len(p)) + [0] * (width - len(r))
                                for p, r in zip(p_ids, rows)])[:, 1:]
-        for i in range(0, len(rows), self.micro):
+        return ids, attn, target
+
+    def sft_step(self, prompts, completions):
+        ids, attn, target = self.sft_batch(prompts, completions)
+        for i in range(0, len(ids), self.micro):
             nll = -self.logp(self.model, ids[i:i + self.micro], attn[i:i + self.micro])
             self.backward((nll * target[i:i + self.micro]).sum() / target.sum())
         self.optimizer_step()
@@ -83,17 +90,23 @@ class SimpleLoop:
     def update(self, seq, attn, mask, scores):
         if self.reference is None:  # frozen at the start of the rl stage
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        scores, micro = scores.view(-1, self.group), self.micro
-        adv = ((scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + self.adv_eps)).view(-1, 1)
+        adv, micro = self.advantages(scores), self.micro
         with torch.no_grad():
             ref = torch.cat([self.logp(self.reference, seq[i:i + micro], attn[i:i + micro])
                              for i in range(0, len(seq), micro)])
-        for i in range(0, len(seq), micro):
-            lp = self.logp(self.model, seq[i:i + micro], attn[i:i + micro])
-            d = ref[i:i + micro] - lp
-            kl = torch.exp(d) - d - 1  # k3
-            ratio, a = torch.exp(lp - lp.detach()), adv[i:i + micro]
-            pg = torch.maximum(-ratio * a, -ratio.clamp(1 - self.clip[0], 1 + self.clip[1]) * a)
-            self.backward(((pg + self.kl_coef * kl) * mask[i:i + micro]).sum().div(mask.sum()))
+        for sl in (slice(i, i + micro) for i in range(0, len(seq), micro)):
+            lp = self.logp(self.model, seq[sl], attn[sl])
+            self.backward(self.policy_loss(lp, ref[sl], adv[sl], mask[sl], mask.sum()))
         self.optimizer_step()
+
+    def advantages(self, scores):  # GRPO: each group's scores normalised by its mean and std
+        scores = scores.view(-1, self.group)
+        return ((scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + self.adv_eps)).view(-1, 1)
+
+    def policy_loss(self, lp, ref, adv, mask, n_tokens):  # a micro-batch's share of the step's token-mean loss
+        d = ref - lp
+        kl = torch.exp(d) - d - 1  # k3
+        ratio = torch.exp(lp - lp.detach())
+        pg = torch.maximum(-ratio * adv, -ratio.clamp(1 - self.clip[0], 1 + self.clip[1]) * adv)
+        return ((pg + self.kl_coef * kl) * mask).sum().div(n_tokens)
 # --- to here

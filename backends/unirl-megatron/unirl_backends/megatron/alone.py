@@ -42,9 +42,6 @@ def make(Loop, *, path, seed):  # noqa: N803 - a class
         finally:
             torch.set_rng_state(rng)
 
-    def logp_of(logits, ids):
-        return torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-
     class MegatronLoop(Loop):
         def __init__(self, model, tok, **settings):
             super().__init__(model, tok, **settings)
@@ -118,35 +115,19 @@ def make(Loop, *, path, seed):  # noqa: N803 - a class
             self.stale = True
 
         def sft_step(self, prompts, completions):
-            tok, eos, pad = self.tok, self.tok.eos_token_id, self.tok.pad_token_id
-            p_ids = tok(prompts, add_special_tokens=False).input_ids
-            rows = [p + c + [eos] for p, c in zip(p_ids, tok(completions, add_special_tokens=False).input_ids)]
-            width = max(map(len, rows))
-            ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-            attn = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-            target = torch.tensor([[0] * len(p) + [1] * (len(r) - len(p)) + [0] * (width - len(r))
-                                   for p, r in zip(p_ids, rows)])[:, 1:]
+            ids, attn, target = self.sft_batch(prompts, completions)
             self._schedule(self.gpt, ids, attn,
-                           lambda logits, r: ((-logp_of(logits, ids[r]) * target[r]).sum() / target.sum(), {}))
+                           lambda logits, r: ((-self.token_logp(logits, ids[r]) * target[r]).sum() / target.sum(), {}))
             self._step()
 
         def update(self, seq, attn, mask, scores):
-            scores = scores.view(-1, self.group)
-            adv = ((scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + self.adv_eps)).view(-1, 1)
+            adv = self.advantages(scores)
             kept = self._schedule(self.ref_gpt, seq, attn, lambda logits, r: (logits.sum() * 0,
-                                                                             {"logp": logp_of(logits, seq[r])}),
+                                                                             {"logp": self.token_logp(logits, seq[r])}),
                                   forward_only=True)
             ref = torch.cat([k["logp"] for k in kept])
-
-            def loss_of(logits, r):
-                lp = logp_of(logits, seq[r])
-                d = ref[r] - lp
-                kl = torch.exp(d) - d - 1  # k3
-                ratio, a = torch.exp(lp - lp.detach()), adv[r]
-                pg = torch.maximum(-ratio * a, -ratio.clamp(1 - self.clip[0], 1 + self.clip[1]) * a)
-                return ((pg + self.kl_coef * kl) * mask[r]).sum().div(mask.sum()), {}
-
-            self._schedule(self.gpt, seq, attn, loss_of)
+            self._schedule(self.gpt, seq, attn, lambda logits, r: (
+                self.policy_loss(self.token_logp(logits, seq[r]), ref[r], adv[r], mask[r], mask.sum()), {}))
             self._step()
 
     return MegatronLoop

@@ -68,15 +68,9 @@ def make(Loop, *, path, seed, zero_stage, gamma, lam):  # noqa: N803 - a class
                                                    ids[:, 1:])
 
         def sft_step(self, prompts, completions):
-            tok, eos, pad = self.tok, self.tok.eos_token_id, self.tok.pad_token_id
-            p_ids = tok(prompts, add_special_tokens=False).input_ids
-            rows = [p + c + [eos] for p, c in zip(p_ids, tok(completions, add_special_tokens=False).input_ids)]
-            width = max(map(len, rows))
-            ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-            attn = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-            mask = torch.tensor([[0] * len(p) + [1] * (len(r) - len(p)) + [0] * (width - len(r))
-                                 for p, r in zip(p_ids, rows)])[:, 1:].float()
-            slices = self._micro_batches(len(rows))
+            ids, attn, target = self.sft_batch(prompts, completions)
+            mask = target.float()
+            slices = self._micro_batches(len(ids))
             info = orl.loss_utils._optimizer_step_loss_norm([mask[sl] for sl in slices], None, 1, len(slices))
             loss_fn = orl.loss.SFTLoss()
             for i, sl in enumerate(slices):

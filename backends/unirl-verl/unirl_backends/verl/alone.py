@@ -106,19 +106,17 @@ def make(Loop, *, path, seed, total_steps):  # noqa: N803 - a class
             self.stale = True
 
         def sft_step(self, prompts, completions):
-            tok, eos = self.tok, self.tok.eos_token_id
-            p_ids = tok(prompts, add_special_tokens=False).input_ids
-            rows = [p + c + [eos] for p, c in zip(p_ids, tok(completions, add_special_tokens=False).input_ids)]
-            offsets = torch.tensor([0, *np.cumsum([len(r) for r in rows])])
+            ids, attn, target = self.sft_batch(prompts, completions)  # right-padded: each row's tokens first
+            kept = attn.bool()
+            offsets = torch.nn.functional.pad(attn.sum(1).cumsum(0), (1, 0))
 
-            def jagged(values):
-                return torch.nested.nested_tensor_from_jagged(torch.tensor(values), offsets=offsets)
+            def jagged(grid):  # the rows' attended tokens, one after another
+                return torch.nested.nested_tensor_from_jagged(grid[kept], offsets=offsets)
 
             data = tu.get_tensordict(tensor_dict={
-                "input_ids": jagged([t for r in rows for t in r]),
-                "position_ids": jagged([i for r in rows for i in range(len(r))]),
-                "loss_mask": jagged([int(i >= len(p)) for p, r in zip(p_ids, rows) for i in range(len(r))])},
-                non_tensor_dict=self._meta(len(rows)))
+                "input_ids": jagged(ids), "position_ids": jagged(torch.arange(ids.shape[1]).expand_as(ids)),
+                "loss_mask": jagged(torch.nn.functional.pad(target, (1, 0)))},  # token t's target: slot t - 1
+                non_tensor_dict=self._meta(len(ids)))
             self._train(data, sft_loss)
 
         def generate(self, prompts):
